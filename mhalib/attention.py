@@ -1,0 +1,244 @@
+"""Attention in PyTorch: multi-head, multi-query and grouped-query attention modules.
+
+The attribute names follow Hugging Face's Llama attention (``q_proj``, ``k_proj``,
+``v_proj``, ``o_proj``, ``num_key_value_heads`` is our ``num_kv_heads``), so real
+checkpoints map onto these modules by name.
+
+Shapes: B batch, N positions, H query heads, g key/value heads, d_head = d_model / H.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mhalib.validation import check_divisible
+
+__all__ = [
+    "causal_mask",
+    "normalize_mask",
+    "repeat_kv",
+    "grouped_attention",
+    "GroupedQueryAttention",
+    "MultiHeadAttention",
+    "MultiQueryAttention",
+]
+
+
+def causal_mask(n_q, n_k=None, *, device=None):
+    """Boolean causal mask, ``True`` where attention is allowed.
+
+    With ``n_q < n_k`` (decoding with a cache) the mask is aligned to the bottom
+    right: the last query sees every key, query i sees keys ``0 .. n_k - n_q + i``.
+
+    Returns:
+        ``(n_q, n_k)`` bool tensor.
+    """
+    n_k = n_q if n_k is None else n_k
+    if n_q < 1 or n_k < n_q:
+        raise ValueError(f"causal_mask needs 1 <= n_q <= n_k; got n_q={n_q}, n_k={n_k}")
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(diagonal=n_k - n_q)
+
+
+def normalize_mask(attn_mask, batch_size, num_heads, n_q, n_k, dtype):
+    """Turn a user mask into an additive float mask that broadcasts to (B, H, N_q, N_k).
+
+    Allowed forms: ``(N_q, N_k)`` (every batch element and head) or 4-D
+    ``(B or 1, H or 1, N_q, N_k)``. A boolean mask means ``True`` = may attend (the
+    convention of ``F.scaled_dot_product_attention``); a float mask is added to the
+    scores (0 = keep, ``-inf`` = block). A 3-D mask is refused as ambiguous: it could
+    be (B, N, N) or (H, N, N), and both would broadcast wrongly against (B, H, N, N).
+    """
+    if attn_mask is None:
+        return None
+    if not isinstance(attn_mask, torch.Tensor):
+        raise ValueError(f"attn_mask must be a torch.Tensor; got {type(attn_mask).__name__}")
+    shape = tuple(attn_mask.shape)
+    target = (batch_size, num_heads, n_q, n_k)
+    if attn_mask.dim() == 3:
+        raise ValueError(
+            f"attn_mask of shape {shape} is ambiguous: a 3-D mask could mean (B, N, N) or "
+            f"(H, N, N). Pass ({n_q}, {n_k}) for all, or a 4-D mask such as "
+            f"({batch_size}, 1, {n_q}, {n_k}) or (1, {num_heads}, {n_q}, {n_k})"
+        )
+    ok = attn_mask.dim() in (2, 4) and all(
+        m in (1, t) for m, t in zip(reversed(shape), reversed(target))
+    ) and shape[-2:] == (n_q, n_k)
+    if not ok:
+        raise ValueError(
+            f"attn_mask of shape {shape} does not fit the scores of shape {target}; allowed: "
+            f"({n_q}, {n_k}), or 4-D ({batch_size} or 1, {num_heads} or 1, {n_q}, {n_k})"
+        )
+    if attn_mask.dtype == torch.bool:
+        zero = torch.zeros((), dtype=dtype, device=attn_mask.device)
+        return torch.where(attn_mask, zero, torch.tensor(float("-inf"), dtype=dtype))
+    if not attn_mask.is_floating_point():
+        raise ValueError(f"attn_mask must be bool or floating point; got {attn_mask.dtype}")
+    return attn_mask.to(dtype)
+
+
+def repeat_kv(x, n_rep):
+    """Repeat each key/value head ``n_rep`` times: ``(B, g, N, d) -> (B, g * n_rep, N, d)``.
+
+    Equivalent to ``torch.repeat_interleave(x, n_rep, dim=1)``: head j appears at
+    positions ``j * n_rep .. (j + 1) * n_rep - 1``, so query head h reads key/value
+    head ``h // n_rep``. Built with ``expand`` and one ``reshape`` (the copy happens
+    in the reshape).
+    """
+    b, g, n, d = x.shape
+    if n_rep == 1:
+        return x
+    x = x[:, :, None, :, :].expand(b, g, n_rep, n, d)  # (B, g, n_rep, N, d), no copy
+    return x.reshape(b, g * n_rep, n, d)  # (B, H, N, d)
+
+
+def grouped_attention(q, k, v, *, causal=False, attn_mask=None, need_weights=False):
+    """Attention of H query heads against g shared key/value heads, without repeating K/V.
+
+    The queries are viewed as ``(B, g, H/g, N_q, d)`` so that each group of H/g query
+    heads meets its own key/value head by broadcasting: the K/V tensors are read once,
+    never copied H/g times. Equivalent to
+    ``F.scaled_dot_product_attention(q, k, v, is_causal=..., enable_gqa=True)``.
+
+    Args:
+        q: ``(B, H, N_q, d_head)``.
+        k, v: ``(B, g, N_k, d_head)`` with g dividing H.
+        causal: bottom-right-aligned causal mask (see :func:`causal_mask`).
+        attn_mask: optional additive float mask broadcasting to ``(B, H, N_q, N_k)``
+            (use :func:`normalize_mask` to build one from user input).
+        need_weights: also return the attention weights.
+
+    Returns:
+        ``(B, H, N_q, d_head)``, or ``(out, weights)`` with weights ``(B, H, N_q, N_k)``.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"grouped_attention needs 4-D q (B, H, N_q, d) and k, v (B, g, N_k, d); got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    b, h, n_q, d = q.shape
+    g, n_k = k.shape[1], k.shape[2]
+    if k.shape != v.shape or k.shape[0] != b or k.shape[-1] != d:
+        raise ValueError(
+            f"k and v must both be (B={b}, g, N_k, d={d}); got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    check_divisible(h, g, "num_heads", "num_kv_heads")
+    rep = h // g
+    qg = q.reshape(b, g, rep, n_q, d)  # (B, g, H/g, N_q, d)
+    scores = (qg * (1.0 / math.sqrt(d))) @ k.unsqueeze(2).transpose(-1, -2)  # (B, g, H/g, N_q, N_k)
+    scores = scores.reshape(b, h, n_q, n_k)  # (B, H, N_q, N_k)
+    if causal:
+        allowed = causal_mask(n_q, n_k, device=q.device)  # (N_q, N_k)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    if attn_mask is not None:
+        scores = scores + attn_mask
+    weights = torch.softmax(scores, dim=-1)  # (B, H, N_q, N_k)
+    out = weights.reshape(b, g, rep, n_q, n_k) @ v.unsqueeze(2)  # (B, g, H/g, N_q, d)
+    out = out.reshape(b, h, n_q, d)  # (B, H, N_q, d)
+    return (out, weights) if need_weights else out
+
+
+class GroupedQueryAttention(nn.Module):
+    """Grouped-query attention (Ainslie et al., 2023).
+
+    H query heads in g groups; the heads of a group share one key/value head.
+    ``num_kv_heads == num_heads`` is multi-head attention (Vaswani et al., 2017);
+    ``num_kv_heads == 1`` is multi-query attention (Shazeer, 2019).
+
+    Attributes:
+        q_proj: ``nn.Linear(d_model, d_model)``.
+        k_proj, v_proj: ``nn.Linear(d_model, num_kv_heads * head_dim)``.
+        o_proj: ``nn.Linear(d_model, d_model)``.
+    """
+
+    def __init__(self, d_model, num_heads, num_kv_heads, bias=False):
+        super().__init__()
+        check_divisible(d_model, num_heads, "d_model", "num_heads")
+        check_divisible(num_heads, num_kv_heads, "num_heads", "num_kv_heads")
+        self.d_model = int(d_model)
+        self.num_heads = int(num_heads)
+        self.num_kv_heads = int(num_kv_heads)
+        self.head_dim = self.d_model // self.num_heads
+        kv_dim = self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(self.d_model, self.d_model, bias=bias)
+        self.k_proj = nn.Linear(self.d_model, kv_dim, bias=bias)
+        self.v_proj = nn.Linear(self.d_model, kv_dim, bias=bias)
+        self.o_proj = nn.Linear(self.d_model, self.d_model, bias=bias)
+
+    def extra_repr(self):
+        return (f"d_model={self.d_model}, num_heads={self.num_heads}, "
+                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}")
+
+    def _check_input(self, x):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"x must be a torch.Tensor of shape (B, N, d_model); got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(
+                f"x must be 3-D (B, N, d_model={self.d_model}); got shape {tuple(x.shape)}"
+                + (" (add a batch dimension with x.unsqueeze(0))" if x.dim() == 2 else "")
+            )
+        if x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"x has last dimension {x.shape[-1]} but this module has d_model={self.d_model}"
+            )
+
+    def project(self, x):
+        """Project and split: ``x (B, N, d_model)`` -> q ``(B, H, N, d)``, k, v ``(B, g, N, d)``."""
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, N, d)
+        k = self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, g, N, d)
+        v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, g, N, d)
+        return q, k, v
+
+    def attend(self, q, k, v, *, causal=False, attn_mask=None, need_weights=False):
+        """Attention over already projected heads; returns ``(B, H, N_q, d)`` (and weights)."""
+        b, _, n_q, _ = q.shape
+        n_k = k.shape[2]
+        mask = normalize_mask(attn_mask, b, self.num_heads, n_q, n_k, q.dtype)
+        if need_weights or (causal and n_q != n_k and n_q != 1):
+            return grouped_attention(q, k, v, causal=causal, attn_mask=mask, need_weights=need_weights)
+        if causal and n_q == 1:
+            causal = False  # one new query sees the whole cache
+        if self.num_kv_heads == self.num_heads:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        return grouped_attention(q, k, v, causal=causal, attn_mask=mask)
+
+    def forward(self, x, *, causal=False, attn_mask=None, need_weights=False):
+        """Attend from every position of ``x`` to every position of ``x``.
+
+        Args:
+            x: ``(B, N, d_model)``.
+            causal: apply a causal mask (position i sees 0..i).
+            attn_mask: optional ``(N, N)`` or 4-D ``(B|1, H|1, N, N)`` mask; bool
+                (``True`` = may attend) or additive float.
+            need_weights: also return the attention weights.
+
+        Returns:
+            ``(B, N, d_model)``, or ``(output, weights)`` with weights ``(B, H, N, N)``.
+        """
+        self._check_input(x)
+        b, n, _ = x.shape
+        q, k, v = self.project(x)
+        result = self.attend(q, k, v, causal=causal, attn_mask=attn_mask, need_weights=need_weights)
+        out, weights = result if need_weights else (result, None)
+        out = out.transpose(1, 2).reshape(b, n, self.d_model)  # (B, N, d_model)
+        out = self.o_proj(out)  # (B, N, d_model)
+        return (out, weights) if need_weights else out
+
+
+class MultiHeadAttention(GroupedQueryAttention):
+    """Multi-head attention: every query head has its own key/value head (g = H)."""
+
+    def __init__(self, d_model, num_heads, bias=False):
+        check_divisible(d_model, num_heads, "d_model", "num_heads")
+        super().__init__(d_model, num_heads, num_heads, bias=bias)
+
+
+class MultiQueryAttention(GroupedQueryAttention):
+    """Multi-query attention: all query heads share one key/value head (g = 1)."""
+
+    def __init__(self, d_model, num_heads, bias=False):
+        super().__init__(d_model, num_heads, 1, bias=bias)
