@@ -1,0 +1,243 @@
+"""Generate the exercise notebooks from the solution notebooks (one source).
+
+Usage::
+
+    python -m mhalib.grade.release                  # every solutions/*.ipynb
+    python -m mhalib.grade.release solutions/01_single_head_attention.ipynb
+    python -m mhalib.grade.release --check          # exit 1 if exercises/ is stale
+
+``solutions/NN_topic.ipynb`` becomes ``exercises/NN_topic.ipynb``:
+
+* in code cells, everything from ``### BEGIN SOLUTION`` to ``### END SOLUTION``
+  (markers included) becomes ``raise NotImplementedError(...)`` at the marker's
+  indentation, after a ``# YOUR CODE HERE`` line (the nbgrader convention);
+* in markdown cells, the same region becomes ``YOUR ANSWER HERE``;
+* ``### BEGIN HIDDEN TESTS`` .. ``### END HIDDEN TESTS`` regions are removed;
+* outputs and execution counts are cleared;
+* cells that held a solution, and cells tagged ``self-check``, are tagged
+  ``raises-exception`` so that the untouched exercise still runs top to bottom;
+* notebook metadata (``{"mhalib": {"exercise": ...}}``, kernelspec, ...) is kept.
+
+The output depends only on the input: the same solution gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+__all__ = ["release_notebook", "release_text", "exercise_path", "main"]
+
+BEGIN_SOLUTION = "### BEGIN SOLUTION"
+END_SOLUTION = "### END SOLUTION"
+BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
+END_HIDDEN = "### END HIDDEN TESTS"
+SELF_CHECK_TAG = "self-check"
+RAISES_TAG = "raises-exception"
+ANSWER_PLACEHOLDER = "YOUR ANSWER HERE"
+
+_DEF = re.compile(r"^\s*(?:async\s+)?def\s+([A-Za-z_]\w*)\s*\(")
+_CLASS = re.compile(r"^\s*class\s+([A-Za-z_]\w*)\b")
+
+# Cell metadata that only describes one run of the solution (not worth shipping).
+_RUN_METADATA = ("execution", "ExecuteTime")
+
+
+class ReleaseError(ValueError):
+    """A solution notebook that cannot be turned into an exercise (e.g. unbalanced markers)."""
+
+
+def _source_text(cell):
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def _split_source(text):
+    """Jupyter's on-disk form: a list of lines, each but the last ending in a newline."""
+    lines = text.splitlines(keepends=True)
+    return lines
+
+
+def _stub_message(lines, index):
+    """A helpful message naming the function (or method of a class) the stub sits in."""
+    func = cls = None
+    indent = len(lines[index]) - len(lines[index].lstrip())
+    for line in reversed(lines[:index]):
+        stripped = line.lstrip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        ind = len(line) - len(stripped)
+        if ind >= indent:
+            continue
+        m = _DEF.match(line)
+        if m and func is None:
+            func, indent = m.group(1), ind
+            continue
+        m = _CLASS.match(line)
+        if m:
+            cls = m.group(1)
+            break
+        indent = ind
+    if func and cls:
+        where = f"{cls}.{func}"
+    else:
+        where = func or cls
+    if where:
+        return f"{where} is not written yet: replace this line with your code"
+    return "not written yet: replace this line with your code"
+
+
+def release_text(text, *, kind="code", where="cell"):
+    """Replace solution regions in one cell's source.
+
+    Returns ``(new_text, had_solution)``. Raises :class:`ReleaseError` on unbalanced
+    markers, naming ``where``.
+    """
+    lines = text.splitlines(keepends=True)
+    out = []
+    had_solution = False
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        stripped = line.strip()
+        if stripped.startswith(BEGIN_SOLUTION) or stripped.startswith(BEGIN_HIDDEN):
+            hidden = stripped.startswith(BEGIN_HIDDEN)
+            end_marker = END_HIDDEN if hidden else END_SOLUTION
+            j = i + 1
+            while j < len(lines) and not lines[j].strip().startswith(end_marker):
+                stripped_j = lines[j].strip()
+                if stripped_j.startswith(BEGIN_SOLUTION) or stripped_j.startswith(BEGIN_HIDDEN):
+                    raise ReleaseError(f"{where}: nested {stripped_j!r} inside a region opened on line {i + 1}")
+                j += 1
+            if j == len(lines):
+                raise ReleaseError(f"{where}: {stripped!r} on line {i + 1} has no matching {end_marker!r}")
+            indent = line[: len(line) - len(line.lstrip())]
+            newline = "\n" if lines[j].endswith("\n") else ""
+            if not hidden:
+                had_solution = True
+                if kind == "code":
+                    out.append(f"{indent}# YOUR CODE HERE\n")
+                    msg = _stub_message(lines, i)
+                    out.append(f"{indent}raise NotImplementedError({msg!r}){newline}")
+                else:
+                    out.append(f"{indent}{ANSWER_PLACEHOLDER}{newline}")
+            i = j + 1
+            continue
+        if stripped.startswith(END_SOLUTION) or stripped.startswith(END_HIDDEN):
+            raise ReleaseError(f"{where}: {stripped!r} on line {i + 1} has no opening marker")
+        out.append(line)
+        i += 1
+    return "".join(out), had_solution
+
+
+def release_notebook(nb, *, name="notebook"):
+    """Return the exercise version of a solution notebook (a dict, as read from JSON)."""
+    nb = json.loads(json.dumps(nb))  # a deep copy made of plain JSON types
+    nb.get("metadata", {}).pop("widgets", None)
+    for index, cell in enumerate(nb.get("cells", [])):
+        kind = cell.get("cell_type")
+        meta = cell.setdefault("metadata", {})
+        if nb.get("nbformat", 4) >= 4 and nb.get("nbformat_minor", 0) >= 5 and not cell.get("id"):
+            cell["id"] = f"cell-{index}"  # deterministic, unlike a random id
+        for key in _RUN_METADATA:
+            meta.pop(key, None)
+        had_solution = False
+        if kind in ("code", "markdown"):
+            text, had_solution = release_text(
+                _source_text(cell), kind=kind, where=f"{name}, cell {index}"
+            )
+            cell["source"] = _split_source(text)
+        if kind == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+            tags = meta.get("tags", [])
+            if (had_solution or SELF_CHECK_TAG in tags) and RAISES_TAG not in tags:
+                meta["tags"] = [*tags, RAISES_TAG]
+    return nb
+
+
+def dumps(nb):
+    """Serialise as Jupyter does (1-space indent, sorted keys, UTF-8, final newline)."""
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def exercise_path(solution_path, out_dir=None):
+    """``solutions/NN_topic.ipynb`` -> ``exercises/NN_topic.ipynb`` (next to ``solutions/``)."""
+    solution_path = Path(solution_path)
+    out_dir = Path(out_dir) if out_dir else solution_path.resolve().parent.parent / "exercises"
+    return out_dir / solution_path.name
+
+
+def render(solution_path):
+    """The exercise notebook's text for one solution file."""
+    solution_path = Path(solution_path)
+    try:
+        nb = json.loads(solution_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReleaseError(f"{solution_path}: not a readable notebook ({exc})") from exc
+    return dumps(release_notebook(nb, name=str(solution_path)))
+
+
+def _solutions(paths, root):
+    if paths:
+        return [Path(p) for p in paths]
+    return sorted((root / "solutions").glob("*.ipynb"))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m mhalib.grade.release",
+        description="Generate exercises/NN.ipynb from solutions/NN.ipynb.",
+    )
+    parser.add_argument("solutions", nargs="*", help="solution notebooks (default: solutions/*.ipynb)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if an exercise differs from what would be generated")
+    parser.add_argument("--out-dir", help="folder for the exercises (default: exercises/ next to solutions/)")
+    parser.add_argument("--root", default=".", help="course root holding solutions/ (default: .)")
+    args = parser.parse_args(argv)
+    root = Path(args.root)
+    sources = _solutions(args.solutions, root)
+    if not sources:
+        print(f"no solution notebooks found under {root / 'solutions'}")
+        return 0
+    stale = []
+    for src in sources:
+        try:
+            text = render(src)
+        except ReleaseError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        dest = exercise_path(src, args.out_dir)
+        current = dest.read_text(encoding="utf-8") if dest.exists() else None
+        if args.check:
+            if current != text:
+                stale.append(dest)
+                print(f"{dest}: {'missing' if current is None else 'differs from'} "
+                      f"what {src} generates")
+            continue
+        if current != text:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(text, encoding="utf-8")
+            print(f"wrote {dest}")
+        else:
+            print(f"{dest} up to date")
+    if args.check and not args.solutions:
+        ex_dir = Path(args.out_dir) if args.out_dir else root / "exercises"
+        names = {s.name for s in sources}
+        for orphan in sorted(ex_dir.glob("*.ipynb")):
+            if orphan.name not in names:
+                stale.append(orphan)
+                print(f"{orphan}: has no solution notebook in {root / 'solutions'}")
+    if stale:
+        print(f"{len(stale)} exercise notebook(s) out of date; run: python -m mhalib.grade.release")
+        return 1
+    if args.check:
+        print(f"{len(sources)} exercise notebook(s) match their solutions")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The one-source tool: exercises/ is generated from solutions/ and must not drift."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mhalib.grade import release
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+def _cell(kind, source, **meta):
+    cell = {"cell_type": kind, "metadata": meta, "source": source}
+    if kind == "code":
+        cell.update(execution_count=3, outputs=[{"output_type": "stream", "name": "stdout", "text": ["hi\n"]}])
+    return cell
+
+
+def _solution_nb():
+    graded = {"nbgrader": {"grade": False, "solution": True, "locked": False,
+                           "grade_id": "causal_mask", "points": 2, "schema_version": 3}}
+    return {
+        "nbformat": 4, "nbformat_minor": 5,
+        "metadata": {"mhalib": {"exercise": "01_single_head_attention"},
+                     "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                     "widgets": {"state": {}}},
+        "cells": [
+            _cell("markdown", "# Title\n\nExplain why.\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION\n"),
+            _cell("code", "import numpy as np"),
+            _cell("code",
+                  "def causal_mask(n):\n"
+                  "    \"\"\"Doc.\"\"\"\n"
+                  "    ### BEGIN SOLUTION\n"
+                  "    upper = np.triu(np.ones((n, n), bool), 1)\n"
+                  "    return np.where(upper, -np.inf, 0.0)\n"
+                  "    ### END SOLUTION",
+                  nbgrader=graded["nbgrader"], execution={"iopub.status.busy": "x"}),
+            _cell("code", "check('causal_mask', causal_mask)", tags=["self-check"]),
+            _cell("code",
+                  "class M:\n"
+                  "    def forward(self, x):\n"
+                  "        ### BEGIN SOLUTION\n"
+                  "        return x\n"
+                  "        ### END SOLUTION\n"
+                  "\n"
+                  "x = 1\n"
+                  "### BEGIN HIDDEN TESTS\n"
+                  "assert x == 1\n"
+                  "### END HIDDEN TESTS\n"),
+        ],
+    }
+
+
+def test_solution_region_becomes_stub_with_same_indentation():
+    ex = release.release_notebook(_solution_nb())
+    src = "".join(ex["cells"][2]["source"])
+    assert "np.triu" not in src and "BEGIN SOLUTION" not in src
+    assert "    # YOUR CODE HERE\n    raise NotImplementedError(" in src
+    assert "causal_mask is not written yet" in src
+    assert src.startswith("def causal_mask(n):\n")
+    compile(src, "cell", "exec")  # still valid Python
+
+
+def test_method_stub_names_class_and_method_and_hidden_tests_removed():
+    ex = release.release_notebook(_solution_nb())
+    src = "".join(ex["cells"][4]["source"])
+    assert "        raise NotImplementedError('M.forward is not written yet" in src
+    assert "assert x == 1" not in src and "HIDDEN" not in src
+    assert src.rstrip().endswith("x = 1")
+    compile(src, "cell", "exec")
+
+
+def test_markdown_answer_replaced():
+    ex = release.release_notebook(_solution_nb())
+    src = "".join(ex["cells"][0]["source"])
+    assert "Because." not in src and "YOUR ANSWER HERE" in src and src.startswith("# Title")
+
+
+def test_outputs_cleared_tags_and_metadata():
+    sol = _solution_nb()
+    ex = release.release_notebook(sol)
+    for cell in ex["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [] and cell["execution_count"] is None
+    tags = [c["metadata"].get("tags", []) for c in ex["cells"]]
+    assert tags[1] == []  # plain cell untouched
+    assert tags[2] == ["raises-exception"]  # held a solution
+    assert tags[3] == ["self-check", "raises-exception"]  # self-check
+    assert ex["metadata"]["mhalib"] == {"exercise": "01_single_head_attention"}
+    assert "widgets" not in ex["metadata"]
+    assert ex["cells"][2]["metadata"]["nbgrader"]["grade_id"] == "causal_mask"
+    assert "execution" not in ex["cells"][2]["metadata"]
+    assert sol["cells"][2]["outputs"], "the input notebook must not be modified"
+
+
+def test_release_is_idempotent_on_tags():
+    once = release.release_notebook(_solution_nb())
+    twice = release.release_notebook(once)
+    assert release.dumps(once) == release.dumps(twice)
+
+
+def test_unbalanced_markers_are_refused():
+    with pytest.raises(release.ReleaseError, match="no matching"):
+        release.release_text("### BEGIN SOLUTION\nx = 1\n")
+    with pytest.raises(release.ReleaseError, match="no opening"):
+        release.release_text("x = 1\n### END SOLUTION\n")
+
+
+def test_cli_is_deterministic_and_check_detects_drift(tmp_path):
+    sol_dir = tmp_path / "solutions"
+    sol_dir.mkdir()
+    (sol_dir / "01_single_head_attention.ipynb").write_text(json.dumps(_solution_nb()))
+    cmd = [sys.executable, "-m", "mhalib.grade.release", "--root", str(tmp_path)]
+    assert subprocess.run(cmd + ["--check"], capture_output=True).returncode == 1  # missing
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
+    out = tmp_path / "exercises" / "01_single_head_attention.ipynb"
+    first = out.read_bytes()
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
+    assert out.read_bytes() == first
+    assert subprocess.run(cmd + ["--check"], capture_output=True).returncode == 0
+    out.write_text(first.decode().replace("YOUR CODE HERE", "edited by hand"))
+    res = subprocess.run(cmd + ["--check"], capture_output=True, text=True)
+    assert res.returncode == 1 and "differs" in res.stdout
+    out.write_bytes(first)
+    (tmp_path / "exercises" / "99_orphan.ipynb").write_text("{}")
+    res = subprocess.run(cmd + ["--check"], capture_output=True, text=True)
+    assert res.returncode == 1 and "no solution notebook" in res.stdout
+
+
+def test_generated_exercise_parses_as_a_valid_notebook(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.reads(release.dumps(release.release_notebook(_solution_nb())), as_version=4)
+    nbformat.validate(nb)
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
+def test_exercise_matches_its_solution(solution):
+    """exercises/NN.ipynb is exactly what the release tool makes of solutions/NN.ipynb."""
+    exercise = ROOT / "exercises" / solution.name
+    assert exercise.exists(), f"{exercise.name} missing: run `make exercises`"
+    assert exercise.read_text(encoding="utf-8") == release.render(solution), (
+        f"exercises/{solution.name} has drifted from solutions/{solution.name}: run `make exercises`"
+    )
+
+
+def test_every_exercise_has_a_solution():
+    names = {p.name for p in SOLUTIONS}
+    orphans = [p.name for p in sorted((ROOT / "exercises").glob("*.ipynb")) if p.name not in names]
+    assert not orphans, f"exercises without a solution notebook: {orphans}"
