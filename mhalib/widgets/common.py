@@ -1,0 +1,411 @@
+"""Helpers shared by the explorers: what a render returns, safe calls, showing figures.
+
+Every explorer follows one pattern:
+
+* a plain ``render_*(...)`` function takes the slider values and returns a
+  :class:`View` (HTML text and/or a matplotlib Figure). It never raises: wrap the
+  body with :func:`safe_render` so that an unexpected error becomes a plain message;
+* an ``*_explorer()`` function builds the sliders with :func:`slider` /
+  :func:`choice_slider`, lays them out with :func:`explorer_box` and redraws with
+  :func:`show_view` whenever a value changes (:func:`connect`).
+
+CSS classes (used by the browser tests): the container has ``mhalib-explorer``, the
+figure area ``mhalib-explorer-output``, the text area ``mhalib-explorer-message``.
+
+Figures are built with ``matplotlib.figure.Figure`` directly (not ``pyplot``), so that
+a render never leaves an open pyplot figure behind and a notebook cell that calls a
+render function does not show the figure twice.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable
+
+__all__ = [
+    "View",
+    "message",
+    "safe_render",
+    "figure_png",
+    "slider",
+    "choice_slider",
+    "explorer_box",
+    "show_view",
+    "connect",
+    "Panel",
+    "matrix_mosaic",
+]
+
+
+@dataclass
+class View:
+    """What one render produces.
+
+    Attributes:
+        html: text to show above the figure (HTML; may be empty).
+        figure: a matplotlib Figure, or ``None`` when there is nothing to draw.
+        ok: ``False`` when the slider combination is impossible and ``html`` explains why.
+        data: the numbers behind the view (shapes, counts), for tests and for the curious.
+    """
+
+    html: str = ""
+    figure: Any = None
+    ok: bool = True
+    data: dict = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """The HTML with the tags removed: what a reader sees, as plain text."""
+        import re
+
+        return html.unescape(re.sub(r"<[^>]+>", " ", self.html)).replace("  ", " ").strip()
+
+    def _ipython_display_(self):
+        """Shown in a notebook cell: the text as HTML, then the figure as a PNG image."""
+        from IPython.display import HTML, Image, display
+
+        if self.html:
+            display(HTML(self.html))
+        if self.figure is not None:
+            display(Image(data=figure_png(self.figure), format="png"))
+
+
+def message(text: str, **data) -> View:
+    """A view that only says something in plain words (an impossible combination)."""
+    return View(html=f"<p>{html.escape(text)}</p>", figure=None, ok=False, data=dict(data))
+
+
+def safe_render(fn: Callable[..., View], *args, **kwargs) -> View:
+    """Call ``fn(*args, **kwargs)``; turn any exception into a plain message.
+
+    A ``ValueError`` is the library explaining bad input: its text is shown as is.
+    Anything else is a bug, reported in one sentence rather than as a traceback.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as exc:
+        return message(str(exc), error=type(exc).__name__)
+    except Exception as exc:  # noqa: BLE001 - a widget must never show a traceback
+        return message(
+            f"This view could not be drawn for these settings ({type(exc).__name__}: {exc}). "
+            "Move a slider to try another combination.",
+            error=type(exc).__name__,
+        )
+
+
+def figure_png(fig) -> bytes:
+    """The PNG bytes of a figure, as a notebook would display it.
+
+    A figure made by :func:`matrix_mosaic` is one image at its own pixel size; its
+    pixels are encoded directly (the same picture, without matplotlib's resampling).
+    """
+    buf = io.BytesIO()
+    pixels = getattr(fig, "mhalib_image", None)
+    if pixels is not None:
+        from PIL import Image
+
+        Image.fromarray(pixels).save(buf, format="png", compress_level=3)
+    else:
+        fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def slider(description, value, min, max, step=1, **kwargs):
+    """An ``IntSlider`` that redraws on release (``continuous_update=False``)."""
+    import ipywidgets as w
+
+    return w.IntSlider(value=value, min=min, max=max, step=step, description=description,
+                       continuous_update=False, style={"description_width": "initial"}, **kwargs)
+
+
+def choice_slider(description, options, value, **kwargs):
+    """A ``SelectionSlider`` over ``options`` that redraws on release."""
+    import ipywidgets as w
+
+    return w.SelectionSlider(options=list(options), value=value, description=description,
+                             continuous_update=False, style={"description_width": "initial"},
+                             **kwargs)
+
+
+def explorer_box(controls, *, title=None):
+    """The standard explorer layout.
+
+    Returns:
+        ``(box, message_widget, output)``: a ``VBox`` (class ``mhalib-explorer``) holding an
+        optional title, the controls, an ``HTML`` widget for text (class
+        ``mhalib-explorer-message``) and an ``Output`` for the figure (class
+        ``mhalib-explorer-output``).
+    """
+    import ipywidgets as w
+
+    msg = w.HTML()
+    msg.add_class("mhalib-explorer-message")
+    out = w.Output()
+    out.add_class("mhalib-explorer-output")
+    children = [w.HTML(f"<b>{html.escape(title)}</b>")] if title else []
+    children += [w.HBox(list(controls)) if len(controls) <= 3 else w.VBox(list(controls)), msg, out]
+    box = w.VBox(children)
+    box.add_class("mhalib-explorer")
+    return box, msg, out
+
+
+def show_view(view: View, msg, out) -> None:
+    """Put a view on screen: its text in ``msg``, its figure as a PNG inside ``out``."""
+    from IPython.display import Image, display
+
+    msg.value = view.html
+    with out:
+        out.clear_output(wait=True)
+        if view.figure is not None:
+            display(Image(data=figure_png(view.figure), format="png"))
+            if getattr(view.figure.canvas, "manager", None) is not None:  # a pyplot figure
+                import matplotlib.pyplot as plt
+
+                plt.close(view.figure)
+
+
+def connect(controls, redraw: Callable[[], None]) -> Callable[[], None]:
+    """Call ``redraw()`` now and whenever one of ``controls`` changes value.
+
+    ``redraw`` should itself never raise; as a last line of defence any exception is
+    turned into nothing at all here (the view keeps its previous state) instead of a
+    traceback in the notebook.
+    """
+
+    def on_change(_change=None):
+        try:
+            redraw()
+        except Exception:  # noqa: BLE001
+            pass
+
+    for c in controls:
+        c.observe(on_change, names="value")
+    on_change()
+    return on_change
+
+
+# ------------------------------------------------------------------ fast matrix panels
+
+@dataclass
+class Panel:
+    """One matrix to draw: rows top to bottom, columns left to right.
+
+    Attributes:
+        matrix: 2-D array; ``-inf`` cells (masked scores) are drawn light grey.
+        title: shown above the panel.
+        row_labels, col_labels: tick labels (tokens), or ``None``.
+        vmin, vmax: colour range; ``None`` uses the symmetric range +-max|finite value|
+            (or 0..1 when ``weights`` is true).
+        annotate: write each value in its cell.
+        fmt: format of the annotations.
+    """
+
+    matrix: Any
+    title: str = ""
+    row_labels: Any = None
+    col_labels: Any = None
+    vmin: float | None = None
+    vmax: float | None = None
+    annotate: bool = False
+    fmt: str = "{:.2f}"
+
+
+@lru_cache(maxsize=1)
+def _font():
+    from matplotlib import font_manager, ft2font
+
+    return ft2font.FT2Font(font_manager.findfont(font_manager.FontProperties(family="DejaVu Sans")))
+
+
+@lru_cache(maxsize=4096)
+def _glyphs(text, fontsize):
+    """Anti-aliased coverage bitmap of ``text`` (uint8 rows x cols) and its baseline row."""
+    import numpy as np
+
+    font = _font()
+    font.clear()
+    font.set_size(fontsize, 72)
+    font.set_text(text, 0.0)
+    font.draw_glyphs_to_bitmap(antialiased=True)
+    bitmap = np.asarray(font.get_image()).copy()
+    descent = int(round(font.get_descent() / 64))
+    bitmap.setflags(write=False)
+    return bitmap, bitmap.shape[0] - descent
+
+
+def _text_size(text, fontsize, rotated=False):
+    bitmap, _ = _glyphs(str(text), fontsize)
+    h, w = bitmap.shape
+    return (h, w) if not rotated else (w, h)
+
+
+def _stamp(img, text, x, y, fontsize, *, ha="center", va="center", rotated=False, colour=(0, 0, 0)):
+    """Draw ``text`` into the RGBA float image ``img`` at pixel (x, y) (column, row).
+
+    ``ha``/``va`` say which point of the text sits at (x, y): left/center/right and
+    top/center. Vertical centring uses the cap height, so labels line up whatever their
+    descenders. ``rotated`` draws it reading bottom to top (column labels).
+    """
+    import numpy as np
+
+    bitmap, baseline = _glyphs(str(text), fontsize)
+    cap = 0.73 * fontsize
+    if rotated:
+        bitmap = np.rot90(bitmap)  # baseline row becomes column `baseline`
+        h, w = bitmap.shape
+        left = x - baseline + cap / 2 if ha == "center" else (x - w if ha == "right" else x)
+        top = y if va == "top" else y - h / 2
+    else:
+        h, w = bitmap.shape
+        left = x - w / 2 if ha == "center" else (x - w if ha == "right" else x)
+        top = y - baseline + cap / 2 if va == "center" else y
+    left, top = int(round(left)), int(round(top))
+    r0, c0 = max(top, 0), max(left, 0)
+    r1, c1 = min(top + h, img.shape[0]), min(left + w, img.shape[1])
+    if r0 >= r1 or c0 >= c1:
+        return
+    alpha = bitmap[r0 - top:r1 - top, c0 - left:c1 - left, None] / 255.0
+    region = img[r0:r1, c0:c1, :3]
+    img[r0:r1, c0:c1, :3] = region * (1 - alpha) + np.asarray(colour, dtype=float) * alpha
+
+
+def _fmt(value, fmt):
+    import math
+
+    if not math.isfinite(value):
+        return "-inf" if value < 0 else ("inf" if value > 0 else "nan")
+    s = fmt.format(value)
+    if s.startswith("-") and float(s) == 0:
+        s = s[1:]
+    return s
+
+
+def matrix_mosaic(panels, *, cols=8, cell_px=16, fontsize=7, dpi=72, caption=None,
+                  share_labels=False, cmap="cividis"):
+    """Draw matrices side by side as one pixel-exact image with text labels.
+
+    This is the fast path behind the explorers: the cells, titles, labels and values
+    are composed into one RGBA array (text bitmaps are cached), shown with a single
+    ``figimage``. A figure of 16 heatmaps draws and encodes to PNG in a few tens of
+    milliseconds, where one Axes per matrix takes several hundred.
+
+    Args:
+        panels: list of :class:`Panel`.
+        cols: panels per row of the grid.
+        cell_px: size of one matrix cell in pixels.
+        fontsize: label size in points (at 72 dpi, one point is one pixel).
+        share_labels: draw row labels only in the first grid column and column labels
+            only in the last grid row (all panels have the same labels).
+        caption: one line of text under the figure.
+
+    Returns:
+        A ``matplotlib.figure.Figure`` (not registered with pyplot). Its attribute
+        ``mhalib_panels`` is the number of matrices drawn, ``mhalib_texts`` the list
+        of every text written (titles, labels, values, caption) and ``mhalib_image`` the
+        ``(height, width, 3)`` uint8 pixels (what :func:`figure_png` encodes).
+    """
+    import numpy as np
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    if not panels:
+        raise ValueError("matrix_mosaic needs at least one panel")
+    cm = colormaps[cmap]
+    mats = [np.asarray(p.matrix, dtype=float) for p in panels]
+    for m in mats:
+        if m.ndim != 2:
+            raise ValueError(f"each panel needs a 2-D matrix; got shape {m.shape}")
+    cols = max(1, min(cols, len(panels)))
+    rows = -(-len(panels) // cols)
+    grid = [(i // cols, i % cols) for i in range(len(panels))]
+    title_fs = fontsize + 1
+
+    def in_col(j):
+        return [(p, m) for p, m, (r, c) in zip(panels, mats, grid) if c == j]
+
+    def in_row(i):
+        return [(p, m) for p, m, (r, c) in zip(panels, mats, grid) if r == i]
+
+    def row_lab_w(p):
+        if p.row_labels is None:
+            return 0
+        return max((_text_size(t, fontsize)[1] for t in p.row_labels), default=0) + 4
+
+    def col_lab_h(p):
+        if p.col_labels is None:
+            return 0
+        return max((_text_size(t, fontsize, rotated=True)[0] for t in p.col_labels), default=0) + 4
+
+    col_w = [max(max(m.shape[1] * cell_px, _text_size(p.title, title_fs)[1] - 6) if p.title else m.shape[1] * cell_px
+                 for p, m in in_col(j)) for j in range(cols)]
+    row_h = [max(m.shape[0] for _, m in in_row(i)) * cell_px for i in range(rows)]
+    lab_w = [max([row_lab_w(p) for p, _ in in_col(j)] + [2]) for j in range(cols)]
+    lab_h = [max([col_lab_h(p) for p, _ in in_row(i)] + [2]) for i in range(rows)]
+    if share_labels:
+        lab_w = [lab_w[0]] + [2] * (cols - 1)
+        lab_h = [4] * (rows - 1) + [max(lab_h)]
+    title_h = title_fs + 6
+    xs, x = [], 4
+    for j in range(cols):
+        x += lab_w[j]
+        xs.append(x)
+        x += col_w[j] + 10
+    ys, y = [], 2
+    for i in range(rows):
+        y += title_h
+        ys.append(y)
+        y += row_h[i] + lab_h[i] + 2
+    caption_h = fontsize + 10 if caption else 0
+    width = max(x, (_text_size(caption, fontsize)[1] + 12) if caption else 0)
+    height = y + caption_h
+
+    img = np.ones((height, width, 4), dtype=np.float32)
+    texts = []
+    for p, m, (r, c) in zip(panels, mats, grid):
+        x0, y0 = xs[c], ys[r]
+        n_r, n_c = m.shape
+        finite = np.isfinite(m)
+        lo, hi = p.vmin, p.vmax
+        if lo is None or hi is None:
+            amax = float(np.abs(m[finite]).max()) if finite.any() else 1.0
+            amax = amax or 1.0
+            lo = -amax if lo is None else lo
+            hi = amax if hi is None else hi
+        z = np.clip((np.where(finite, m, lo) - lo) / ((hi - lo) or 1.0), 0, 1)
+        rgba = cm(z)  # (n_r, n_c, 4)
+        rgba[~finite] = (0.88, 0.88, 0.88, 1.0)
+        img[y0:y0 + n_r * cell_px, x0:x0 + n_c * cell_px] = np.repeat(np.repeat(rgba, cell_px, 0), cell_px, 1)
+        if p.title:
+            _stamp(img, p.title, x0 + n_c * cell_px / 2, y0 - title_h + 2, title_fs, va="top")
+            texts.append(p.title)
+        if p.row_labels is not None and (c == 0 or not share_labels):
+            for i, t in enumerate(p.row_labels):
+                _stamp(img, t, x0 - 3, y0 + (i + 0.5) * cell_px, fontsize, ha="right")
+                texts.append(str(t))
+        if p.col_labels is not None and (r == rows - 1 or not share_labels):
+            for j, t in enumerate(p.col_labels):
+                _stamp(img, t, x0 + (j + 0.5) * cell_px, y0 + n_r * cell_px + 3, fontsize, va="top",
+                       rotated=True)
+                texts.append(str(t))
+        if p.annotate:
+            for i in range(n_r):
+                for j in range(n_c):
+                    v = float(m[i, j])
+                    t = _fmt(v, p.fmt)
+                    colour = (0, 0, 0) if (not np.isfinite(v) or z[i, j] > 0.55) else (1, 1, 1)
+                    _stamp(img, t, x0 + (j + 0.5) * cell_px, y0 + (i + 0.5) * cell_px, fontsize - 1,
+                           colour=colour)
+                    texts.append(t)
+    if caption:
+        _stamp(img, caption, 6, height - caption_h / 2 - 1, fontsize, ha="left")
+        texts.append(caption)
+    pixels = np.round(img[..., :3] * 255).astype(np.uint8)  # (height, width, 3)
+    fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi)
+    fig.figimage(pixels, 0, 0, origin="upper")
+    fig.mhalib_image = pixels
+    fig.mhalib_panels = len(panels)
+    fig.mhalib_texts = texts
+    return fig

@@ -1,0 +1,249 @@
+"""The multi-head attention explorers: every reachable slider position renders, and says the right thing.
+
+The attention weights shown are checked against an explicit loop over heads written
+here (an independent oracle), and the step-through's last step against
+``mhalib.np_attention.multi_head_attention``.
+"""
+
+import numpy as np
+import pytest
+
+from mhalib import np_attention as npa
+from mhalib.sentences import SENTENCES, demo_weights, embed, tokens_of
+from mhalib.widgets import common
+from mhalib.widgets import mha
+from mhalib.widgets.mha import (
+    D_MODEL_OPTIONS,
+    MAX_HEADS,
+    STEP_D_MODEL_OPTIONS,
+    STEP_MAX_HEADS,
+    STEP_SENTENCES,
+    STEPS,
+    parameter_count,
+    render_mha,
+    render_step,
+)
+
+
+def loop_weights(tokens, d_model, num_heads):
+    """Attention weights per head by an explicit loop: head h uses columns h*d_head..(h+1)*d_head."""
+    x = embed(tokens, d_model)
+    w_q, w_k, _, _ = demo_weights(d_model)
+    d_head = d_model // num_heads
+    out = []
+    for h in range(num_heads):
+        cols = slice(h * d_head, (h + 1) * d_head)
+        q, k = x @ w_q[:, cols], x @ w_k[:, cols]
+        s = q @ k.T / np.sqrt(d_head)
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        out.append(e / e.sum(axis=1, keepdims=True))
+    return np.stack(out)
+
+
+# ------------------------------------------------------------------ the H / d_model explorer
+
+@pytest.mark.parametrize("d_model", D_MODEL_OPTIONS)
+def test_every_explorer_position_renders_or_explains(d_model):
+    for num_heads in range(1, MAX_HEADS + 1):
+        for sentence in SENTENCES:
+            view = render_mha(d_model, num_heads, sentence)
+            assert isinstance(view, common.View)
+            if d_model % num_heads:
+                assert not view.ok and view.figure is None
+                assert f"H = {num_heads} heads cannot share d_model = {d_model}" in view.text
+                offered = view.text.split("choose H from ")[1].rstrip(".").split(", ")
+                assert offered and all(d_model % int(h) == 0 and int(h) <= MAX_HEADS for h in offered)
+                assert "Traceback" not in view.text
+                continue
+            d_head = d_model // num_heads
+            tokens = tokens_of(sentence)
+            assert view.ok, view.text
+            assert view.data["num_heatmaps"] == num_heads == view.figure.mhalib_panels
+            assert view.data["d_head"] == d_head
+            assert f"d_head = d_model / H = {d_model} / {num_heads} = {d_head}" in view.text
+            assert f"{d_model * d_model:,} per projection" in view.text
+            assert f"{4 * d_model * d_model:,} for W_q, W_k, W_v and W_o" in view.text
+            shapes = view.data["shapes"]
+            n = len(tokens)
+            assert shapes["Q_h = transpose"] == (num_heads, n, d_head)
+            assert shapes["scores = Q_h K_h^T / sqrt(d_head)"] == (num_heads, n, n)
+            assert shapes["out = concat W_o"] == (n, d_model)
+            assert f"({num_heads}, {n}, {d_head})" in view.html  # the printed shape trace
+            texts = view.figure.mhalib_texts
+            assert [f"head {h}" for h in range(num_heads)] == [t for t in texts if t.startswith("head ")]
+            assert set(tokens) <= set(texts)  # token labels drawn
+            w = view.data["weights"]
+            assert w.shape == (num_heads, n, n)
+            np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("d_model,num_heads", [(8, 2), (8, 4), (12, 3), (64, 8), (128, 16), (96, 12)])
+def test_explorer_weights_match_an_explicit_loop_over_heads(d_model, num_heads):
+    for sentence in SENTENCES:
+        view = render_mha(d_model, num_heads, sentence)
+        np.testing.assert_allclose(view.data["weights"], loop_weights(tokens_of(sentence), d_model, num_heads),
+                                   atol=1e-12)
+
+
+def test_parameter_count_is_four_d_model_squared_whatever_h():
+    assert parameter_count(64, 8) == {"per_head": 512, "per_projection": 4096, "total": 16384}
+    for h in (1, 2, 4, 8, 16, 32, 64):
+        assert parameter_count(64, h)["per_projection"] == 64 * 64
+        assert parameter_count(64, h)["total"] == 16384
+
+
+def test_explorer_figure_encodes_to_png():
+    view = render_mha(64, 8, "the cat sat on the mat")
+    png = common.figure_png(view.figure)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    h, w, c = view.figure.mhalib_image.shape
+    assert c == 3 and 50 < h < 1000 and 100 < w < 2000
+
+
+@pytest.mark.parametrize("args", [(0, 2), (8, 0), (8, -2), (-8, 2), (8, 2, []), ("eight", 2), (8, 2.5)])
+def test_bad_values_give_a_message_not_an_exception(args):
+    view = render_mha(*args)
+    assert not view.ok and view.figure is None and view.text
+    assert "Traceback" not in view.text
+
+
+def test_safe_render_turns_any_exception_into_words():
+    def broken():
+        raise RuntimeError("boom")
+
+    view = common.safe_render(broken)
+    assert not view.ok and "could not be drawn" in view.text and "boom" in view.text
+
+
+# ------------------------------------------------------------------ the step-through
+
+def expected_shapes(step, n, d_model, num_heads):
+    d_head = d_model // num_heads
+    per_head = {"split": (n, d_head), "scores": (n, n), "mask": (n, n), "softmax": (n, n),
+                "weighted sum": (n, d_head)}
+    if step in per_head:
+        return [per_head[step]] * num_heads
+    if step == "project":
+        return [(n, d_model)] * 3
+    return [(n, d_model)]
+
+
+@pytest.mark.parametrize("d_model", STEP_D_MODEL_OPTIONS)
+def test_every_step_position_renders_or_explains(d_model):
+    for num_heads in range(1, STEP_MAX_HEADS + 1):
+        for sentence in STEP_SENTENCES:
+            for causal in (False, True):
+                for index, step in enumerate(STEPS):
+                    view = render_step(step, d_model, num_heads, sentence, causal)
+                    if d_model % num_heads:
+                        assert not view.ok and "cannot share" in view.text
+                        continue
+                    n = len(tokens_of(sentence))
+                    assert view.ok, view.text
+                    assert view.data["index"] == index
+                    assert view.data["shapes"] == expected_shapes(step, n, d_model, num_heads)
+                    assert view.figure.mhalib_panels == len(view.data["shapes"])
+                    assert f"Step {index + 1} of {len(STEPS)}" in view.text
+                    mats = view.data["matrices"]
+                    cells = sum(m.size for m in mats)
+                    values = [t for t in view.figure.mhalib_texts if t.lstrip("-").replace(".", "").isdigit()
+                              or t == "-inf"]
+                    assert len(values) == cells  # every value written in its cell
+                    if step == "mask" and causal:
+                        upper = np.triu(np.ones((n, n), bool), 1)
+                        assert all(np.isneginf(m[upper]).all() and np.isfinite(m[~upper]).all() for m in mats)
+                    if step == "softmax":
+                        assert all(np.allclose(m.sum(1), 1.0) for m in mats)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_step_through_ends_where_the_library_does(causal):
+    for d_model, num_heads in [(8, 2), (8, 4), (12, 3), (16, 8)]:
+        for sentence in STEP_SENTENCES:
+            tokens = tokens_of(sentence)
+            n = len(tokens)
+            mask = npa.causal_mask(n) if causal else None
+            out, weights = npa.multi_head_attention(embed(tokens, d_model), *demo_weights(d_model), num_heads,
+                                                    mask=mask)
+            last = render_step("W_o", d_model, num_heads, sentence, causal)
+            np.testing.assert_allclose(last.data["matrices"][0], out, atol=1e-12)
+            soft = render_step("softmax", d_model, num_heads, sentence, causal)
+            np.testing.assert_allclose(np.stack(soft.data["matrices"]), weights, atol=1e-12)
+            split = render_step("split", d_model, num_heads, sentence, causal)
+            x = embed(tokens, d_model)
+            d_head = d_model // num_heads
+            w_q = demo_weights(d_model)[0]
+            for h in range(num_heads):  # head h holds columns h*d_head .. (h+1)*d_head - 1 of Q
+                np.testing.assert_allclose(split.data["matrices"][h], (x @ w_q)[:, h * d_head:(h + 1) * d_head])
+
+
+@pytest.mark.parametrize("step", [-1, 9, "attend", None])
+def test_unknown_steps_are_explained(step):
+    view = render_step(step)
+    assert not view.ok and view.text and "Traceback" not in view.text
+
+
+def test_step_by_index_equals_step_by_name():
+    for i, name in enumerate(STEPS):
+        a, b = render_step(i), render_step(name)
+        assert a.data["step"] == b.data["step"] == name
+
+
+# ------------------------------------------------------------------ the widgets themselves
+
+def _find(widget, cls):
+    found = [widget] if isinstance(widget, cls) else []
+    for child in getattr(widget, "children", ()):
+        found += _find(child, cls)
+    return found
+
+
+def test_mha_explorer_follows_the_widget_contract():
+    import ipywidgets as w
+
+    box = mha.mha_explorer()
+    assert isinstance(box, w.VBox) and "mhalib-explorer" in box._dom_classes
+    sliders = {s.description: s for s in _find(box, (w.IntSlider, w.SelectionSlider))}
+    assert set(sliders) == {"H (heads)", "d_model"}
+    assert all(s.continuous_update is False for s in sliders.values())
+    (msg,) = [h for h in _find(box, w.HTML) if "mhalib-explorer-message" in h._dom_classes]
+    (out,) = [o for o in _find(box, w.Output) if "mhalib-explorer-output" in o._dom_classes]
+    assert "d_head = d_model / H = 8 / 2 = 4" in msg.value
+    sliders["H (heads)"].value = 3  # 8 / 3: impossible, explained
+    assert "cannot share" in msg.value and "choose H from 1, 2, 4, 8" in msg.value
+    sliders["d_model"].value = 12  # now 12 / 3 = 4
+    assert "d_head = d_model / H = 12 / 3 = 4" in msg.value
+    (pick,) = _find(box, w.Dropdown)
+    pick.value = "I love deep learning"
+    assert "d_head = d_model / H = 12 / 3 = 4" in msg.value
+
+
+def test_step_explorer_buttons_walk_the_steps():
+    import ipywidgets as w
+
+    box = mha.step_explorer()
+    assert "mhalib-explorer" in box._dom_classes
+    (step,) = [s for s in _find(box, w.SelectionSlider) if s.description == "step"]
+    assert step.continuous_update is False
+    prev, nxt = _find(box, w.Button)
+    (msg,) = [h for h in _find(box, w.HTML) if "mhalib-explorer-message" in h._dom_classes]
+    assert step.value == "input"
+    prev.click()
+    assert step.value == "input"  # stays at the first step
+    for name in STEPS[1:]:
+        nxt.click()
+        assert step.value == name and f"<b>{name}</b>: shape" in msg.value
+    nxt.click()
+    assert step.value == "W_o"
+
+
+def test_mosaic_draws_masked_cells_grey_and_refuses_bad_panels():
+    m = np.array([[0.0, -np.inf], [1.0, 2.0]])
+    fig = common.matrix_mosaic([common.Panel(m, "t", annotate=True)], cell_px=20)
+    assert "-inf" in fig.mhalib_texts
+    px = fig.mhalib_image
+    assert px.dtype == np.uint8 and px.shape[2] == 3
+    with pytest.raises(ValueError, match="at least one panel"):
+        common.matrix_mosaic([])
+    with pytest.raises(ValueError, match="2-D matrix"):
+        common.matrix_mosaic([common.Panel(np.zeros(3))])
