@@ -1,0 +1,271 @@
+"""Short quizzes with checked answers: each wrong choice explains the misconception behind it.
+
+Use in a notebook::
+
+    from mhalib.quiz import quiz
+    quiz("02")                 # every question of notebook 02, as buttons
+    quiz("02.d_head")          # one question
+
+and in plain Python (or a test)::
+
+    from mhalib.quiz import grade_answer
+    grade_answer("02.d_head", "A")      # Feedback(correct=True, message="Correct. ...")
+
+Add questions by appending :class:`Question` objects to :data:`QUESTIONS` (an id
+``"NN.name"`` keyed by notebook number). A question has exactly one correct choice; every
+choice carries ``why``: the reason it is right, or the misconception that makes it
+tempting and why it is wrong.
+
+Only :func:`quiz` imports ipywidgets.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+__all__ = ["Choice", "Question", "Feedback", "QUESTIONS", "questions", "grade_answer", "quiz"]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One answer on offer: its ``text``, whether it is ``correct``, and ``why``."""
+
+    text: str
+    correct: bool = False
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Question:
+    """A multiple-choice question with exactly one correct :class:`Choice`."""
+
+    id: str
+    prompt: str
+    choices: tuple
+
+    def __post_init__(self):
+        right = [c for c in self.choices if c.correct]
+        if len(right) != 1:
+            raise ValueError(f"question {self.id!r} needs exactly one correct choice; got {len(right)}")
+        if any(not c.why for c in self.choices):
+            raise ValueError(f"question {self.id!r}: every choice needs a 'why'")
+
+    @property
+    def answer(self) -> int:
+        """Index of the correct choice."""
+        return next(i for i, c in enumerate(self.choices) if c.correct)
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """The verdict on one answer: ``correct`` and a ``message`` in plain words."""
+
+    correct: bool
+    message: str
+
+
+QUESTIONS: dict = {}
+
+
+def _add(q: Question) -> None:
+    QUESTIONS[q.id] = q
+
+
+_add(Question(
+    id="02.d_head",
+    prompt="d_model = 12 and H = 3. How wide is each head (d_k = d_v)?",
+    choices=(
+        Choice("4", True, "d_k = d_model / H = 12 / 3 = 4: the heads split the width between them, "
+                          "so that their concatenation is d_model wide again."),
+        Choice("12", False, "That would give every head the full width, as if each had its own "
+                            "d_model x d_model projection. Standard multi-head attention splits the "
+                            "width instead, which keeps the parameter count at 4 d_model^2 whatever H is."),
+        Choice("36", False, "That multiplies instead of dividing: three heads of width 12 would "
+                            "concatenate to 36 columns, not to d_model = 12."),
+        Choice("3", False, "3 is the number of heads H, not the width of each one."),
+    ),
+))
+
+_add(Question(
+    id="02.why_heads",
+    prompt="Why can H heads of width d_model / H express more than one head of width d_model?",
+    choices=(
+        Choice("Each head has its own softmax over its own subspace of features, so for the same "
+               "query different heads can attend to different tokens at once.", True,
+               "One softmax gives one pattern of who-attends-to-whom per query; H heads give H "
+               "patterns (for example one following coreference, another the verb's object), "
+               "and W_o combines them."),
+        Choice("They have more parameters.", False,
+               "At a fixed d_model they have exactly as many: d_model^2 per projection and "
+               "4 d_model^2 for Q, K, V and O, whatever H is (notebook 02 counts them)."),
+        Choice("Each head reads a different part of the sentence.", False,
+               "Every head sees every token. What differs is the slice of features each head "
+               "projects to, not the positions it reads."),
+        Choice("The heads are averaged, which cancels noise.", False,
+               "The heads are concatenated, not averaged. Averaging or summing them would mix "
+               "their outputs into one d_head-wide space and lose information (notebook 02 "
+               "measures the rank)."),
+    ),
+))
+
+_add(Question(
+    id="02.shape_before_wo",
+    prompt="x has shape (N, d_model). What is the shape of the matrix that W_o multiplies?",
+    choices=(
+        Choice("(N, d_model)", True,
+               "The H head outputs, each (N, d_head), are concatenated side by side: "
+               "H * d_head = d_model columns, one row per token."),
+        Choice("(H, N, d_head)", False,
+               "That is the stack of head outputs before merging. W_o is (d_model, d_model), so "
+               "the heads are first transposed back to (N, H, d_head) and reshaped to (N, d_model)."),
+        Choice("(N, d_head)", False,
+               "That is the output of one head. W_o reads all heads at once, concatenated."),
+        Choice("(N, N)", False,
+               "That is the shape of one head's attention weights, which multiply the values; "
+               "W_o multiplies the concatenated head outputs."),
+    ),
+))
+
+_add(Question(
+    id="02.params",
+    prompt="d_model = 64. How many weights do W_q, W_k, W_v and W_o (no bias) hold with H = 8, "
+           "compared with H = 1?",
+    choices=(
+        Choice("The same: 16,384 in both cases", True,
+               "Each projection is H blocks of d_model x d_head = d_model x d_model = 4,096 weights; "
+               "four projections make 16,384 whatever H is."),
+        Choice("8 times as many with H = 8", False,
+               "That would be true if every head kept the full width d_model. The heads share "
+               "the width: d_head = 64 / 8 = 8."),
+        Choice("8 times fewer with H = 8", False,
+               "Each head is 8 times narrower, but there are 8 of them: the total is unchanged."),
+    ),
+))
+
+_add(Question(
+    id="02.wrong_split",
+    prompt="Q has shape (B, N, d_model). Which line splits it into heads correctly?",
+    choices=(
+        Choice("Q.reshape(B, N, H, d_head).transpose(0, 2, 1, 3)", True,
+               "Reshape keeps each token's row together and cuts it into H pieces; the transpose "
+               "then moves the head axis in front of the positions: (B, H, N, d_head)."),
+        Choice("Q.reshape(B, H, N, d_head)", False,
+               "It has the right shape but the wrong contents: reshape reads memory in order, so "
+               "'head 0' gets the first N * d_head numbers, which are whole rows of the first "
+               "tokens. No error is raised; the answer is silently wrong."),
+        Choice("Q.transpose(0, 2, 1).reshape(B, H, N, d_head)", False,
+               "Transposing first puts features before positions; the reshape then cuts across "
+               "tokens and features. The shape fits, the values do not."),
+    ),
+))
+
+
+def questions(prefix=""):
+    """The questions whose id starts with ``prefix`` (e.g. ``"02"``), in the order added."""
+    return [q for qid, q in QUESTIONS.items() if qid == prefix or qid.startswith(f"{prefix}.") or not prefix]
+
+
+def _question(question):
+    if isinstance(question, Question):
+        return question
+    if question in QUESTIONS:
+        return QUESTIONS[question]
+    raise ValueError(f"unknown question {question!r}; known: {', '.join(QUESTIONS)}")
+
+
+def _index(q, answer):
+    n = len(q.choices)
+    letters = "ABCDEFGH"[:n]
+    if isinstance(answer, bool):
+        answer = None
+    if isinstance(answer, int) and 0 <= answer < n:
+        return answer
+    if isinstance(answer, str):
+        a = answer.strip()
+        if len(a) == 1 and a.upper() in letters:
+            return letters.index(a.upper())
+        for i, c in enumerate(q.choices):
+            if a == c.text:
+                return i
+    raise ValueError(
+        f"answer {answer!r} is not one of the choices of question {q.id!r}; give an index "
+        f"0 to {n - 1}, a letter {', '.join(letters)}, or the exact text of a choice"
+    )
+
+
+def grade_answer(question, answer) -> Feedback:
+    """Check one answer.
+
+    Args:
+        question: a :class:`Question` or its id (a key of :data:`QUESTIONS`).
+        answer: the index of the choice (0-based), its letter ("A", "b", ...), or its text.
+
+    Returns:
+        :class:`Feedback`: ``correct`` and a message; a wrong answer's message explains the
+        misconception behind that choice.
+
+    Raises:
+        ValueError: unknown question, or an answer that names no choice.
+    """
+    q = _question(question)
+    c = q.choices[_index(q, answer)]
+    if c.correct:
+        return Feedback(True, f"Correct. {c.why}")
+    return Feedback(False, f"Not quite. {c.why}")
+
+
+def _question_widget(q):
+    import ipywidgets as w
+
+    letters = "ABCDEFGH"
+    listing = "".join(f"<li><b>{letters[i]}</b>. {html.escape(c.text)}</li>" for i, c in enumerate(q.choices))
+    prompt = w.HTML(f"<p><b>{html.escape(q.prompt)}</b></p><ul style='list-style: none'>{listing}</ul>")
+    feedback = w.HTML()
+    feedback.add_class("mhalib-quiz-feedback")
+    buttons = [w.Button(description=letters[i], tooltip=c.text, layout=w.Layout(width="48px"))
+               for i, c in enumerate(q.choices)]
+
+    def on_click(button):
+        i = buttons.index(button)
+        try:
+            fb = grade_answer(q, i)
+            colour = "#1a7f37" if fb.correct else "#9a6700"
+            feedback.value = f"<p style='color:{colour}'>{letters[i]}: {html.escape(fb.message)}</p>"
+        except Exception as exc:  # noqa: BLE001 - never a traceback in a widget
+            feedback.value = f"<p>{html.escape(str(exc))}</p>"
+        for b in buttons:
+            b.button_style = ""
+        button.button_style = "success" if q.choices[i].correct else "warning"
+
+    for b in buttons:
+        b.on_click(on_click)
+    box = w.VBox([prompt, w.HBox(buttons), feedback])
+    box.add_class("mhalib-quiz-question")
+    return box
+
+
+def quiz(*which):
+    """Buttons for one or more questions; clicking a choice shows whether it is right and why.
+
+    Args:
+        which: question ids, id prefixes (``"02"`` for all of notebook 02) or
+            :class:`Question` objects.
+
+    Returns:
+        An ipywidgets ``VBox`` (class ``mhalib-quiz``).
+    """
+    import ipywidgets as w
+
+    qs = []
+    for item in which:
+        if isinstance(item, Question) or item in QUESTIONS:
+            qs.append(_question(item))
+        else:
+            found = questions(item)
+            if not found:
+                raise ValueError(f"no question matches {item!r}; known: {', '.join(QUESTIONS)}")
+            qs.extend(found)
+    box = w.VBox([_question_widget(q) for q in qs])
+    box.add_class("mhalib-quiz")
+    return box

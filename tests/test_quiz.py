@@ -1,0 +1,114 @@
+"""Quizzes: the marked answers are right (checked by computing them), and every choice explains itself."""
+
+import numpy as np
+import pytest
+
+from mhalib import np_attention as npa
+from mhalib.quiz import QUESTIONS, Choice, Question, grade_answer, questions, quiz
+from mhalib.widgets.mha import parameter_count
+
+
+def test_every_question_has_one_right_answer_and_every_choice_a_reason():
+    assert QUESTIONS
+    for q in QUESTIONS.values():
+        assert sum(c.correct for c in q.choices) == 1
+        assert len(q.choices) >= 3
+        texts = [c.text for c in q.choices]
+        assert len(set(texts)) == len(texts)
+        for i, c in enumerate(q.choices):
+            fb = grade_answer(q.id, i)
+            assert fb.correct == c.correct
+            assert fb.message.startswith("Correct." if c.correct else "Not quite.")
+            assert c.why in fb.message and len(c.why) > 20
+
+
+def test_notebook_02_covers_the_spec_questions():
+    ids = [q.id for q in questions("02")]
+    assert {"02.d_head", "02.why_heads", "02.shape_before_wo"} <= set(ids)
+
+
+def test_d_head_answer_is_d_model_over_h():
+    q = QUESTIONS["02.d_head"]
+    x = np.zeros((5, 12))
+    assert npa.split_heads(x, 3).shape[-1] == int(q.choices[q.answer].text) == 12 // 3
+
+
+def test_shape_before_w_o_is_n_by_d_model():
+    q = QUESTIONS["02.shape_before_wo"]
+    n, d_model, h = 5, 12, 3
+    heads = npa.split_heads(np.zeros((n, d_model)), h)  # (H, N, d_head)
+    merged = npa.merge_heads(heads)
+    assert q.choices[q.answer].text == "(N, d_model)"
+    assert merged.shape == (n, d_model)
+    assert heads.shape == (h, n, d_model // h)  # the tempting wrong choice really is the unmerged stack
+
+
+def test_parameter_answer_matches_the_count():
+    q = QUESTIONS["02.params"]
+    assert parameter_count(64, 8)["total"] == parameter_count(64, 1)["total"] == 16384
+    assert "16,384" in q.choices[q.answer].text
+
+
+def test_wrong_split_answer_really_is_the_only_correct_split():
+    q = QUESTIONS["02.wrong_split"]
+    rng = np.random.default_rng(0)
+    b, n, h, d_head = 2, 5, 4, 3
+    x = rng.normal(size=(b, n, h * d_head))
+    reference = np.stack([np.stack([x[:, :, i * d_head:(i + 1) * d_head][j] for i in range(h)]) for j in range(b)])
+    candidates = {
+        "Q.reshape(B, N, H, d_head).transpose(0, 2, 1, 3)": x.reshape(b, n, h, d_head).transpose(0, 2, 1, 3),
+        "Q.reshape(B, H, N, d_head)": x.reshape(b, h, n, d_head),
+        "Q.transpose(0, 2, 1).reshape(B, H, N, d_head)": x.transpose(0, 2, 1).reshape(b, h, n, d_head),
+    }
+    for c in q.choices:
+        assert np.allclose(candidates[c.text], reference) == c.correct, c.text
+
+
+def test_answers_by_letter_text_or_index_agree():
+    q = QUESTIONS["02.d_head"]
+    assert grade_answer("02.d_head", "a") == grade_answer(q, 0) == grade_answer(q, "4")
+    assert grade_answer(q, "B").correct is False
+
+
+@pytest.mark.parametrize("answer", [7, -1, "Z", "", None, True, 1.0])
+def test_answers_naming_no_choice_are_refused_with_the_allowed_forms(answer):
+    with pytest.raises(ValueError, match="is not one of the choices"):
+        grade_answer("02.d_head", answer)
+
+
+def test_unknown_question_is_refused():
+    with pytest.raises(ValueError, match="unknown question"):
+        grade_answer("99.nothing", 0)
+    with pytest.raises(ValueError, match="no question matches"):
+        quiz("99")
+
+
+def test_a_question_needs_exactly_one_correct_choice_and_reasons():
+    with pytest.raises(ValueError, match="exactly one correct"):
+        Question("x", "?", (Choice("a", True, "because"), Choice("b", True, "because")))
+    with pytest.raises(ValueError, match="needs a 'why'"):
+        Question("x", "?", (Choice("a", True, "because"), Choice("b", False, "")))
+
+
+def _find(widget, cls):
+    found = [widget] if isinstance(widget, cls) else []
+    for child in getattr(widget, "children", ()):
+        found += _find(child, cls)
+    return found
+
+
+def test_quiz_widget_buttons_give_feedback():
+    import ipywidgets as w
+
+    box = quiz("02.d_head", "02.shape_before_wo")
+    assert "mhalib-quiz" in box._dom_classes
+    first = box.children[0]
+    buttons = _find(first, w.Button)
+    (feedback,) = [h for h in _find(first, w.HTML) if "mhalib-quiz-feedback" in h._dom_classes]
+    assert [b.description for b in buttons] == ["A", "B", "C", "D"]
+    buttons[1].click()
+    assert "Not quite" in feedback.value and buttons[1].button_style == "warning"
+    buttons[0].click()
+    assert "Correct" in feedback.value and buttons[0].button_style == "success"
+    assert buttons[1].button_style == ""
+    assert len(quiz("02").children) == len(questions("02"))
