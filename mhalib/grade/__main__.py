@@ -1,0 +1,104 @@
+"""Command line: ``python -m mhalib.grade SUBMISSION.ipynb [more ...] [--results FILE] [--csv FILE] [--jobs N]``.
+
+Prints one line per graded check and the total for each submission. ``--results``
+writes Gradescope's results.json (for several submissions: ``{"submissions": [...]}``);
+``--csv`` appends one row per submission. Exit status 0 whenever it graded, whatever
+the scores; 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from mhalib.grade.grader import grade_notebook
+from mhalib.grade.sandbox import Limits
+
+CSV_HEADER = ["submission", "exercise", "score", "max_score", "checks", "seed", "seconds"]
+
+
+def _write_atomic(path, text):
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_results(path, results):
+    if len(results) == 1:
+        data = results[0].gradescope()
+    else:
+        data = {"submissions": [dict(r.gradescope(), submission=r.path) for r in results]}
+    _write_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def append_csv(path, results):
+    path = Path(path)
+    new = not path.exists() or path.stat().st_size == 0
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        if new:
+            writer.writerow(CSV_HEADER)
+        for r in results:
+            checks = "; ".join(f"{c.name}={c.score:g}/{c.max_score:g}" for c in r.checks)
+            writer.writerow([r.path, r.exercise or "", f"{r.score:g}", f"{r.max_score:g}", checks,
+                             r.seed, f"{r.seconds:.2f}"])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m mhalib.grade",
+        description="Grade exercise notebooks. Student code runs in a separate, limited process.",
+    )
+    parser.add_argument("submissions", nargs="+", help="notebook files (.ipynb)")
+    parser.add_argument("--results", help="write Gradescope's results JSON here")
+    parser.add_argument("--csv", help="append one row per submission to this CSV file")
+    parser.add_argument("--jobs", type=int, default=1, help="submissions graded in parallel (default 1)")
+    parser.add_argument("--exercise", help="grade as this exercise (default: from metadata, then file name)")
+    parser.add_argument("--seed", type=int, help="seed for the grading inputs (default: fresh each run)")
+    parser.add_argument("--timeout", type=float, default=Limits.call_timeout_s,
+                        help=f"seconds per graded call (default {Limits.call_timeout_s:g})")
+    parser.add_argument("--cell-timeout", type=float, default=Limits.cell_timeout_s,
+                        help=f"seconds per notebook cell (default {Limits.cell_timeout_s:g})")
+    parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb,
+                        help=f"address-space limit of the student process (default {Limits.memory_mb})")
+    parser.add_argument("--quiet", action="store_true", help="print only the totals")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1; got {args.jobs}")
+    limits = Limits(memory_mb=args.memory_mb, call_timeout_s=args.timeout, cell_timeout_s=args.cell_timeout)
+
+    def one(path):
+        return grade_notebook(path, seed=args.seed, limits=limits, exercise=args.exercise)
+
+    if args.jobs == 1 or len(args.submissions) == 1:
+        results = [one(p) for p in args.submissions]
+    else:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            results = list(pool.map(one, args.submissions))
+    for r in results:
+        if args.quiet:
+            print(f"{r.path}: {r.score:g} / {r.max_score:g}")
+        else:
+            print(r.text())
+    if len(results) > 1:
+        total = sum(r.score for r in results)
+        print(f"graded {len(results)} submissions; mean score {total / len(results):.2f}")
+    if args.results:
+        write_results(args.results, results)
+    if args.csv:
+        append_csv(args.csv, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Known-wrong NumPy implementations, used to name a learner's mistake precisely.
+
+Each function reproduces one common mistake; the judges compare a wrong answer with
+these and, on a match, say which mistake it was. They are computed in the grader's
+process (or in ``check()``), never sent anywhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def softmax(x, axis=-1):
+    x = np.asarray(x, dtype=np.float64)
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(x - m)
+    s = e.sum(axis=axis, keepdims=True)
+    return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
+
+
+def sdpa(q, k, v, mask=None, *, scale="sqrt_dk", axis=-1, use_mask=True):
+    """Scaled dot-product attention with one mistake switched on."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    div = {"sqrt_dk": np.sqrt(d_k), "none": 1.0, "dk": float(d_k), "sqrt_dv": np.sqrt(d_v)}[scale]
+    scores = q @ np.swapaxes(k, -1, -2) / div
+    if mask is not None and use_mask:
+        scores = scores + np.asarray(mask, dtype=np.float64)
+    w = softmax(scores, axis=axis)
+    return w @ v, w
+
+
+def split(x, h, how="right"):
+    *lead, n, d = x.shape
+    if how == "right":
+        return np.swapaxes(x.reshape(*lead, n, h, d // h), -3, -2)
+    if how == "reshape_only":  # straight to (..., H, N, d_head): mixes positions into heads
+        return x.reshape(*lead, h, n, d // h)
+    if how == "no_transpose":
+        return x.reshape(*lead, n, h, d // h)
+    raise ValueError(how)
+
+
+def merge(x, how="right"):
+    *lead, h, n, d = x.shape
+    if how == "right":
+        return np.swapaxes(x, -3, -2).reshape(*lead, n, h * d)
+    if how == "reshape_only":
+        return x.reshape(*lead, n, h * d)
+    raise ValueError(how)
+
+
+def gqa(x, w_q, w_k, w_v, w_o, h, g, mask=None, *, scale="head", split_how="right",
+        merge_how="right", use_wo=True, repeat="interleave", use_mask=True, sum_heads=False):
+    """Grouped-query attention (g = H is MHA) with one mistake switched on."""
+    x = np.asarray(x, dtype=np.float64)
+    d = x.shape[-1]
+    q = split(x @ w_q, h, split_how)
+    k = split(x @ w_k, g, split_how)
+    v = split(x @ w_v, g, split_how)
+    rep = h // g
+    if repeat == "interleave":
+        k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
+    else:  # tile: head h reads kv head h % g, the classic grouping mistake
+        reps = [1] * k.ndim
+        reps[-3] = rep
+        k, v = np.tile(k, reps), np.tile(v, reps)
+    dh = d // h
+    div = np.sqrt(d) if scale == "model" else np.sqrt(dh)
+    scores = q @ np.swapaxes(k, -1, -2) / div
+    if mask is not None and use_mask:
+        scores = scores + mask
+    w = softmax(scores)
+    z = w @ v
+    if sum_heads:
+        merged = z.sum(axis=-3)
+        return merged, w
+    merged = merge(z, merge_how)
+    return (merged @ w_o if use_wo else merged), w

@@ -1,0 +1,152 @@
+"""Exercise 01: ``causal_mask(n)`` and ``scaled_dot_product_attention(q, k, v, mask=None)``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mhalib.grade.exercises import _numpy_variants as wrong
+from mhalib.grade.spec import (
+    NUMPY_ATTENTION_FORBIDDEN, TORCH_ATTENTION_FORBIDDEN, Case, Exercise, Graded,
+    check_array, check_pair, describe, match_variant,
+)
+
+KEY = "01_single_head_attention"
+
+
+# ----------------------------------------------------------------------------- causal_mask
+def causal_mask_cases(rng):
+    from mhalib.np_attention import causal_mask
+
+    ns = [int(rng.integers(2, 5)), int(rng.integers(5, 9)), int(rng.integers(9, 17)), 1]
+    return [Case(args=(n,), expected=causal_mask(n), label=f"causal_mask({n})") for n in ns]
+
+
+def judge_causal_mask(case, got):
+    n = case.args[0]
+    expected = case.expected
+    if isinstance(got, np.ndarray) and got.shape == expected.shape:
+        upper = np.triu(np.ones((n, n), dtype=bool), k=1)
+        if got.dtype.kind == "b":
+            return ("causal_mask returned booleans; return an additive float mask: 0.0 on and "
+                    "below the diagonal, -inf above it")
+        g = got.astype(np.float64) if got.dtype.kind in "fiu" else None
+        if g is not None and not np.isnan(g).any():
+            if n > 1 and np.isneginf(g[upper.T]).all() and not np.isneginf(g[upper]).any():
+                return ("the -inf entries are below the diagonal; put them above it, so query i "
+                        "sees keys 0..i (np.triu(..., k=1))")
+            if np.isneginf(np.diag(g)).any():
+                return ("mask has -inf on the diagonal: a position must be allowed to attend to "
+                        "itself (use k=1 in np.triu)")
+            above = g[upper] if n > 1 else np.array([-np.inf])
+            if np.isfinite(above).all() and (above <= -1e3).all() and (g[~upper] == 0).all():
+                return (f"use -inf above the diagonal, not a large finite number ({above.min():g}): "
+                        "the exercise asks for exactly 0 and -inf")
+            if (above == 1).all() and (g[~upper] == 0).all():
+                return "use -inf above the diagonal, not 1: the mask is added to the scores"
+            if (g[~upper] == 1).all():
+                return "allowed positions must be 0.0 (an additive mask), not 1"
+    return check_array(got, expected, f"causal_mask({n})")
+
+
+# ----------------------------------------------------------------------------- SDPA
+def _rand(rng, shape, dtype):
+    return (rng.standard_normal(shape) * 1.5).astype(dtype)
+
+
+def sdpa_cases(rng):
+    from mhalib.np_attention import causal_mask, scaled_dot_product_attention
+
+    cases = []
+    B, H = int(rng.integers(2, 4)), int(rng.integers(2, 5))
+    n = int(rng.integers(3, 7))
+    n_k = n + int(rng.integers(1, 4))
+    d, d_v = int(rng.integers(3, 9)), int(rng.integers(2, 7))
+    if d_v == d:
+        d_v += 1
+
+    def add(q, k, v, mask, label):
+        out, weights = scaled_dot_product_attention(
+            q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+            mask=None if mask is None else mask.astype(np.float64))
+        kwargs = {} if mask is None else {"mask": mask}
+        cases.append(Case(args=(q, k, v), kwargs=kwargs, expected=(out, weights), label=label))
+
+    f64, f32 = np.float64, np.float32
+    add(_rand(rng, (n, d), f64), _rand(rng, (n, d), f64), _rand(rng, (n, d_v), f64), None,
+        f"q, k {(n, d)}, v {(n, d_v)}, no mask")
+    add(_rand(rng, (B, n, d), f64), _rand(rng, (B, n, d), f64), _rand(rng, (B, n, d), f64),
+        causal_mask(n), f"(B, N, d) = {(B, n, d)}, causal mask {(n, n)}")
+    pad = np.zeros((B, 1, 1, n_k))
+    for b in range(B):
+        pad[b, 0, 0, int(rng.integers(1, n_k)):] = -np.inf  # padding: every row keeps >= 1 key
+    add(_rand(rng, (B, H, n, d), f32), _rand(rng, (B, H, n_k, d), f32), _rand(rng, (B, H, n_k, d_v), f32),
+        pad.astype(f32), f"q {(B, H, n, d)}, k {(B, H, n_k, d)}, v {(B, H, n_k, d_v)}, float32, "
+                         f"padding mask {pad.shape}")
+    add(_rand(rng, (B, H, n, d), f32), _rand(rng, (B, H, n, d), f32), _rand(rng, (B, H, n, d), f32),
+        causal_mask(n, dtype=f32), f"(B, H, N, d) = {(B, H, n, d)}, float32, causal mask")
+    bias = rng.standard_normal((n, n_k))
+    add(_rand(rng, (n, 16), f64), _rand(rng, (n_k, 16), f64), _rand(rng, (n_k, d_v), f64), bias,
+        f"q {(n, 16)}, k {(n_k, 16)}, a finite additive mask (a bias) {(n, n_k)}")
+    return cases
+
+
+def judge_sdpa(case, got):
+    msg = check_pair(got, ("out", "weights"))
+    if msg:
+        return msg
+    out_exp, w_exp = case.expected
+    out, weights = got
+    if (isinstance(out, np.ndarray) and isinstance(weights, np.ndarray) and out_exp.shape != w_exp.shape
+            and out.shape == w_exp.shape and weights.shape == out_exp.shape):
+        return "return (out, weights) in this order; the two came back swapped"
+    q, k, v = case.args
+    mask = case.kwargs.get("mask")
+    msg = check_array(weights, w_exp, "weights")
+    if msg:
+        better = match_variant(weights, [
+            ("the scores are not divided by sqrt(d_k)", lambda: wrong.sdpa(q, k, v, mask, scale="none")[1]),
+            ("the scores are divided by d_k; divide by sqrt(d_k)", lambda: wrong.sdpa(q, k, v, mask, scale="dk")[1]),
+            ("the scores are divided by sqrt(d_v); divide by sqrt(d_k), the last axis of q and k",
+             lambda: wrong.sdpa(q, k, v, mask, scale="sqrt_dv")[1]),
+            ("the softmax runs over the wrong axis: normalise over the keys (axis=-1), so that each "
+             "query's weights sum to 1", lambda: wrong.sdpa(q, k, v, mask, axis=-2)[1]),
+            ("the mask is not applied: add it to the scores before the softmax",
+             lambda: wrong.sdpa(q, k, v, mask, use_mask=False)[1]),
+        ])
+        if better:
+            return better
+        if (isinstance(weights, np.ndarray) and weights.shape == w_exp.shape and weights.dtype.kind == "f"
+                and np.isfinite(weights).all()
+                and not np.allclose(weights.astype(np.float64).sum(-1), 1.0, atol=1e-4)):
+            return "weights rows do not sum to 1: apply the softmax over the last axis (the keys)"
+        return msg
+    msg = check_array(out, out_exp, "out")
+    if msg and isinstance(out, np.ndarray) and out.shape == out_exp.shape:
+        return f"{msg}: out should be weights @ v"
+    return msg
+
+
+_SDPA_FORBIDDEN = (*NUMPY_ATTENTION_FORBIDDEN, *TORCH_ATTENTION_FORBIDDEN,
+                   "mhalib.np_attention.softmax")
+
+EXERCISE = Exercise(
+    key=KEY,
+    title="Scaled dot-product attention, one head",
+    graded=[
+        Graded(
+            name="causal_mask", points=3, signature="causal_mask(n)",
+            make_cases=causal_mask_cases, judge=judge_causal_mask, arg_names=("n",),
+            forbidden=("mhalib.np_attention.causal_mask", *_SDPA_FORBIDDEN),
+            description="(n, n) float: 0 on and below the diagonal, -inf above",
+        ),
+        Graded(
+            name="scaled_dot_product_attention", points=5,
+            signature="scaled_dot_product_attention(q, k, v, mask=None)",
+            make_cases=sdpa_cases, judge=judge_sdpa, arg_names=("q", "k", "v"),
+            forbidden=_SDPA_FORBIDDEN,
+            description="(out, weights) = softmax(q k^T / sqrt(d_k) + mask) v",
+        ),
+    ],
+)
+
+__all__ = ["EXERCISE", "describe"]

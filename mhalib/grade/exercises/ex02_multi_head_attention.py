@@ -1,0 +1,173 @@
+"""Exercise 02: ``split_heads``, ``merge_heads`` and ``multi_head_attention`` in NumPy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mhalib.grade.exercises import _numpy_variants as wrong
+from mhalib.grade.spec import (
+    NUMPY_ATTENTION_FORBIDDEN, TORCH_ATTENTION_FORBIDDEN, Case, Exercise, Graded,
+    check_array, check_pair, match_variant,
+)
+
+KEY = "02_multi_head_attention"
+
+_HEADS = {8: (2, 4), 12: (2, 3, 4, 6), 16: (2, 4, 8), 24: (2, 3, 4, 6, 8)}
+
+
+def _dims(rng):
+    d_model = int(rng.choice(list(_HEADS)))
+    return d_model, int(rng.choice(_HEADS[d_model]))
+
+
+def _x(rng, shape, dtype=np.float64):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# ----------------------------------------------------------------------------- split / merge
+def split_cases(rng):
+    from mhalib.np_attention import split_heads
+
+    cases = []
+    for lead, dtype in (((), np.float64), ((int(rng.integers(2, 4)),), np.float32),
+                        ((2, int(rng.integers(2, 4))), np.float64)):
+        d_model, h = _dims(rng)
+        n = int(rng.choice([m for m in range(3, 8) if m != h]))  # N != H: a missing swap shows
+        x = _x(rng, (*lead, n, d_model), dtype)
+        cases.append(Case(args=(x, h), expected=split_heads(x.astype(np.float64), h),
+                          label=f"x {x.shape} {np.dtype(dtype).name}, num_heads={h}"))
+    return cases
+
+
+def judge_split(case, got):
+    x, h = case.args
+    exp = case.expected
+    *lead, n, d = x.shape
+    if isinstance(got, np.ndarray) and got.shape == (*lead, n, h, d // h) and got.shape != exp.shape:
+        return (f"returned shape {got.shape} = (..., N, H, d_head): move the head axis in front of N "
+                "(swap axes -3 and -2) to get (..., H, N, d_head)")
+    msg = check_array(got, exp, "split_heads(x)")
+    if msg:
+        return match_variant(got, [
+            ("heads come out in the wrong order: reshape to (..., N, H, d_head) first, then swap the "
+             "N and H axes (reshape before transpose)", lambda: wrong.split(x, h, "reshape_only")),
+        ]) or msg
+    return None
+
+
+def merge_cases(rng):
+    from mhalib.np_attention import merge_heads
+
+    cases = []
+    for lead, dtype in (((), np.float64), ((int(rng.integers(2, 4)),), np.float32),
+                        ((2, 2), np.float64)):
+        h, dh = int(rng.integers(2, 5)), int(rng.integers(2, 5))
+        n = int(rng.choice([m for m in range(3, 8) if m != h]))
+        x = _x(rng, (*lead, h, n, dh), dtype)
+        cases.append(Case(args=(x,), expected=merge_heads(x.astype(np.float64)),
+                          label=f"x {x.shape} {np.dtype(dtype).name}"))
+    return cases
+
+
+def judge_merge(case, got):
+    (x,) = case.args
+    msg = check_array(got, case.expected, "merge_heads(x)")
+    if msg:
+        return match_variant(got, [
+            ("positions and heads are mixed: swap the H and N axes back (to (..., N, H, d_head)) "
+             "before reshaping to (..., N, d_model)", lambda: wrong.merge(x, "reshape_only")),
+        ]) or msg
+    return None
+
+
+# ----------------------------------------------------------------------------- MHA
+def attention_weights(rng, d_model, kv_dim, dtype):
+    s = 1 / np.sqrt(d_model)
+    return [(rng.standard_normal(shape) * s * 1.5).astype(dtype)
+            for shape in ((d_model, d_model), (d_model, kv_dim), (d_model, kv_dim), (d_model, d_model))]
+
+
+def mha_cases(rng):
+    from mhalib.np_attention import causal_mask, multi_head_attention
+
+    cases = []
+    plans = [((), np.float64, False), ((int(rng.integers(2, 4)),), np.float64, True),
+             ((2,), np.float32, True), ((), np.float32, False)]
+    for lead, dtype, causal in plans:
+        d_model, h = _dims(rng)
+        n = int(rng.integers(3, 7))
+        x = _x(rng, (*lead, n, d_model), dtype)
+        ws = attention_weights(rng, d_model, d_model, dtype)
+        mask = causal_mask(n, dtype=dtype) if causal else None
+        exp = multi_head_attention(x.astype(np.float64), *(w.astype(np.float64) for w in ws), h,
+                                   mask=None if mask is None else mask.astype(np.float64))
+        cases.append(Case(args=(x, *ws, h), kwargs={} if mask is None else {"mask": mask}, expected=exp,
+                          label=f"x {x.shape} {np.dtype(dtype).name}, num_heads={h}"
+                                + (", causal mask" if causal else "")))
+    return cases
+
+
+def mha_variants(case, g=None, which=1, tile=True):
+    x, wq, wk, wv, wo, h, *rest = case.args
+    g = rest[0] if (g is None and rest) else (g or h)
+    mask = case.kwargs.get("mask")
+    f = wrong.gqa
+    args = (x, wq, wk, wv, wo, h, g, mask)
+    out = [
+        ("the scores are scaled by sqrt(d_model); scale by sqrt(d_head) = sqrt(d_model / num_heads)",
+         lambda: f(*args, scale="model")[which]),
+        ("heads come out in the wrong order: check reshape before transpose (split to "
+         "(..., N, H, d_head), then swap N and H)", lambda: f(*args, split_how="reshape_only")[which]),
+        ("the mask is not applied: add it to every head's scores before the softmax",
+         lambda: f(*args, use_mask=False)[which]),
+    ]
+    if tile and g not in (1, h):
+        out.insert(0, ("query heads read the wrong K/V head: head h must use K/V head h // (H // g) "
+                       "(np.repeat along the head axis, not np.tile)",
+                       lambda: f(*args, repeat="tile")[which]))
+    if which == 0:
+        out += [
+            ("the output projection w_o is not applied (multiply the merged heads by w_o)",
+             lambda: f(*args, use_wo=False)[0]),
+            ("heads are merged in the wrong order: move H back next to d_head, (..., N, H, d_head), "
+             "before reshaping", lambda: f(*args, merge_how="reshape_only")[0]),
+        ]
+    return out
+
+
+def judge_attention(case, got, g=None):
+    msg = check_pair(got, ("out", "weights"))
+    if msg:
+        return msg
+    out_exp, w_exp = case.expected
+    out, weights = got
+    msg = check_array(weights, w_exp, "weights")
+    if msg:
+        if isinstance(weights, np.ndarray) and weights.shape == w_exp.shape[:-3] + w_exp.shape[-2:]:
+            return (f"weights have shape {weights.shape}; return one map per head, "
+                    f"{w_exp.shape} = (..., H, N, N)")
+        return match_variant(weights, mha_variants(case, g, 1)) or msg
+    msg = check_array(out, out_exp, "out")
+    if msg:
+        return match_variant(out, mha_variants(case, g, 0)) or msg
+    return None
+
+
+_FORBIDDEN = (*NUMPY_ATTENTION_FORBIDDEN, *TORCH_ATTENTION_FORBIDDEN)
+
+EXERCISE = Exercise(
+    key=KEY,
+    title="Multi-head attention in NumPy",
+    graded=[
+        Graded(name="split_heads", points=2, signature="split_heads(x, num_heads)",
+               make_cases=split_cases, judge=judge_split, arg_names=("x", "num_heads"),
+               forbidden=("mhalib.np_attention.split_heads", *_FORBIDDEN)),
+        Graded(name="merge_heads", points=2, signature="merge_heads(x)",
+               make_cases=merge_cases, judge=judge_merge, arg_names=("x",),
+               forbidden=("mhalib.np_attention.merge_heads", *_FORBIDDEN)),
+        Graded(name="multi_head_attention", points=4,
+               signature="multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None)",
+               make_cases=mha_cases, judge=judge_attention,
+               arg_names=("x", "w_q", "w_k", "w_v", "w_o", "num_heads"), forbidden=_FORBIDDEN),
+    ],
+)

@@ -1,0 +1,74 @@
+"""Exercise 06: ``grouped_query_attention`` and ``multi_query_attention`` in NumPy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mhalib.grade.exercises.ex02_multi_head_attention import attention_weights, judge_attention
+from mhalib.grade.spec import NUMPY_ATTENTION_FORBIDDEN, TORCH_ATTENTION_FORBIDDEN, Case, Exercise, Graded
+
+KEY = "06_mqa_gqa"
+
+_PLANS = {4: (2,), 6: (2, 3), 8: (2, 4)}
+
+
+def _case(rng, h, g, lead, dtype, causal):
+    from mhalib.np_attention import causal_mask, grouped_query_attention
+
+    dh = int(rng.integers(2, 5))
+    d_model = h * dh
+    n = int(rng.integers(3, 7))
+    x = rng.standard_normal((*lead, n, d_model)).astype(dtype)
+    ws = attention_weights(rng, d_model, g * dh, dtype)
+    mask = causal_mask(n, dtype=dtype) if causal else None
+    exp = grouped_query_attention(x.astype(np.float64), *(w.astype(np.float64) for w in ws), h, g,
+                                  mask=None if mask is None else mask.astype(np.float64))
+    return x, ws, mask, exp, n
+
+
+def gqa_cases(rng):
+    cases = []
+    plans = [((), np.float64, False, None), ((2,), np.float64, True, None), ((3,), np.float32, True, None),
+             ((2,), np.float64, True, "mha"), ((), np.float32, False, "mqa")]
+    for lead, dtype, causal, kind in plans:
+        h = int(rng.choice(list(_PLANS)))
+        g = {"mha": h, "mqa": 1}.get(kind) or int(rng.choice(_PLANS[h]))
+        x, ws, mask, exp, _ = _case(rng, h, g, lead, dtype, causal)
+        cases.append(Case(args=(x, *ws, h, g), kwargs={} if mask is None else {"mask": mask}, expected=exp,
+                          label=f"x {x.shape} {np.dtype(dtype).name}, H={h}, g={g}"
+                                + (", causal mask" if causal else "")))
+    return cases
+
+
+def mqa_cases(rng):
+    cases = []
+    for lead, dtype, causal in (((), np.float64, False), ((2,), np.float64, True), ((3,), np.float32, True)):
+        h = int(rng.choice(list(_PLANS)))
+        x, ws, mask, exp, _ = _case(rng, h, 1, lead, dtype, causal)
+        cases.append(Case(args=(x, *ws, h), kwargs={} if mask is None else {"mask": mask}, expected=exp,
+                          label=f"x {x.shape} {np.dtype(dtype).name}, H={h}"
+                                + (", causal mask" if causal else "")))
+    return cases
+
+
+def judge_mqa(case, got):
+    return judge_attention(case, got, g=1)
+
+
+_FORBIDDEN = (*NUMPY_ATTENTION_FORBIDDEN, *TORCH_ATTENTION_FORBIDDEN)
+
+EXERCISE = Exercise(
+    key=KEY,
+    title="Multi-query and grouped-query attention",
+    graded=[
+        Graded(name="grouped_query_attention", points=5,
+               signature="grouped_query_attention(x, w_q, w_k, w_v, w_o, num_heads, num_kv_heads, mask=None)",
+               make_cases=gqa_cases, judge=judge_attention,
+               arg_names=("x", "w_q", "w_k", "w_v", "w_o", "num_heads", "num_kv_heads"),
+               forbidden=_FORBIDDEN),
+        Graded(name="multi_query_attention", points=3,
+               signature="multi_query_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None)",
+               make_cases=mqa_cases, judge=judge_mqa,
+               arg_names=("x", "w_q", "w_k", "w_v", "w_o", "num_heads"), forbidden=_FORBIDDEN),
+    ],
+)

@@ -1,0 +1,188 @@
+"""What an exercise is, for the grader and for ``check()``: graded functions and their cases.
+
+An exercise module (``mhalib/grade/exercises/exNN_*.py``) defines one
+:class:`Exercise`: its graded functions (:class:`Graded`), each with
+
+* ``make_cases(rng)``: inputs drawn at grading time with their reference answers,
+  computed here, in the grader's process, from ``mhalib``;
+* ``judge(case, got)``: ``None`` when ``got`` is right, else a message saying what
+  is wrong (shape, dtype, NaN, the common mistake it matches, ...);
+* ``forbidden``: callables the learner's function may not use (see
+  :class:`mhalib.grade.calling.Tripwire`).
+
+The visible tests of ``check()`` are the same cases drawn with a fixed seed.
+
+This module imports NumPy only; references are imported inside ``make_cases``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from mhalib.grade.protocol import Unsupported
+
+__all__ = [
+    "Case", "Graded", "Exercise", "VISIBLE_SEED",
+    "describe", "check_array", "check_pair", "match_variant", "close",
+    "NUMPY_ATTENTION_FORBIDDEN", "TORCH_ATTENTION_FORBIDDEN",
+]
+
+VISIBLE_SEED = 20240601
+
+# The library's attention implementations and torch's built-in attention: a from-scratch
+# NumPy exercise may call none of them.
+NUMPY_ATTENTION_FORBIDDEN = (
+    "mhalib.np_attention.scaled_dot_product_attention",
+    "mhalib.np_attention.multi_head_attention",
+    "mhalib.np_attention.grouped_query_attention",
+    "mhalib.attention.*",
+    "mhalib.kv_cache.*",
+    "mhalib.transformer.*",
+)
+TORCH_ATTENTION_FORBIDDEN = (
+    "torch._C._nn.scaled_dot_product_attention",
+    "torch.nn.functional.multi_head_attention_forward",
+    "torch.nn.modules.activation.MultiheadAttention.forward",
+)
+
+
+@dataclass
+class Case:
+    """One call: arguments (plain data), the reference answer and a short label."""
+
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    expected: Any = None
+    label: str = ""
+    params: dict = field(default_factory=dict)  # for adapters (e.g. d_model of a module)
+    extra: dict = field(default_factory=dict)  # anything the judge needs (e.g. inputs)
+
+
+@dataclass
+class Graded:
+    """One graded check of an exercise (usually one function)."""
+
+    name: str  # shown in the results; also the learner's function name unless target is set
+    points: float
+    signature: str
+    make_cases: Callable[[np.random.Generator], list]
+    judge: Callable[[Case, Any], Any]
+    forbidden: tuple = ()
+    adapter: str = "function"
+    target: str | None = None  # the name looked up in the notebook (default: name)
+    arg_names: tuple = ()
+    params: dict = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def lookup(self):
+        return self.target or self.name
+
+    def visible_cases(self):
+        return self.make_cases(np.random.default_rng(VISIBLE_SEED))
+
+
+@dataclass
+class Exercise:
+    key: str  # "01_single_head_attention"
+    title: str
+    graded: list
+    preload: tuple = ()  # modules the child imports first ("torch")
+
+    @property
+    def number(self):
+        return self.key[:2]
+
+    @property
+    def max_score(self):
+        return float(sum(g.points for g in self.graded))
+
+
+# ----------------------------------------------------------------------------- judging
+def describe(got):
+    """A short description of what came back, for messages."""
+    if isinstance(got, np.ndarray):
+        return f"an array of shape {got.shape} and dtype {got.dtype}"
+    if isinstance(got, Unsupported):
+        why = f" ({got.why})" if got.why else ""
+        return f"an object of type {got.type_name}{why}"
+    if isinstance(got, tuple):
+        return f"a tuple of {len(got)} items"
+    if got is None:
+        return "None (did you forget `return`?)"
+    return f"a {type(got).__name__} ({got!r})"[:200]
+
+
+def close(got, expected, rtol=1e-4, atol=1e-5):
+    """Closeness computed here, in the grader's process, on plain float64 arrays."""
+    got = np.asarray(got, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if got.shape != expected.shape:
+        return False
+    same_inf = np.array_equal(np.isinf(got), np.isinf(expected)) and np.array_equal(
+        got[np.isinf(got)], expected[np.isinf(expected)]
+    )
+    if not same_inf or np.isnan(got).any():
+        return False
+    fin = np.isfinite(expected)
+    scale = max(1.0, float(np.max(np.abs(expected[fin]), initial=0.0)))
+    return bool(np.all(np.abs(got[fin] - expected[fin]) <= atol * scale + rtol * np.abs(expected[fin])))
+
+
+def check_array(got, expected, what="the result", *, rtol=1e-4, atol=1e-5, float_only=True):
+    """Shape, dtype, finiteness and closeness of one array; ``None`` or a message."""
+    if not isinstance(got, np.ndarray):
+        return f"{what} should be a NumPy array of shape {expected.shape}; got {describe(got)}"
+    if got.shape != expected.shape:
+        return f"{what} has shape {got.shape}; expected {expected.shape}"
+    if float_only:
+        if got.dtype.kind == "b":
+            return f"{what} has dtype bool; expected a float array"
+        if got.dtype.kind == "c":
+            return f"{what} is complex ({got.dtype}); expected real floats"
+        if got.dtype.kind in "iu":
+            return f"{what} has integer dtype {got.dtype}; expected floats (float64 or float32)"
+        if got.dtype == np.float16:
+            return f"{what} has dtype float16, too imprecise; use float64 or float32"
+    g = got.astype(np.float64)
+    if np.isnan(g).any():
+        return f"{what} contains NaN at {int(np.isnan(g).sum())} of {g.size} entries"
+    exp_inf = np.isinf(expected)
+    if np.isinf(g).any() and not exp_inf.any():
+        return f"{what} contains inf where every value should be finite"
+    if not close(g, expected, rtol=rtol, atol=atol):
+        if np.array_equal(np.isinf(g), exp_inf):
+            fin = np.isfinite(expected)
+            err = float(np.max(np.abs(g[fin] - expected[fin]), initial=0.0))
+            return f"{what} has the right shape but wrong values (largest difference {err:.3g})"
+        return f"{what} has -inf / inf in the wrong places"
+    return None
+
+
+def check_pair(got, names=("out", "weights")):
+    """The result must be a tuple of ``len(names)`` items; ``None`` or a message."""
+    n = len(names)
+    if not isinstance(got, tuple) or len(got) != n:
+        return f"return the tuple ({', '.join(names)}); got {describe(got)}"
+    return None
+
+
+def match_variant(got, variants, rtol=1e-4, atol=1e-5):
+    """The message of the first known mistake whose output ``got`` reproduces, or ``None``.
+
+    ``variants`` is a list of ``(message, make)`` where ``make()`` returns the output of
+    the mistaken implementation (computed here), or raises to skip it.
+    """
+    if not isinstance(got, np.ndarray) or got.dtype.kind not in "fiu":
+        return None
+    for message, make in variants:
+        try:
+            wrong = np.asarray(make())
+        except Exception:
+            continue
+        if wrong.shape == got.shape and close(got, wrong, rtol=rtol, atol=atol):
+            return message
+    return None

@@ -1,0 +1,128 @@
+"""The learners' self-check: specific feedback, True/False, never an exception."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mhalib.np_attention as ref
+from mhalib.check import check, graded_names
+from mhalib.grade.exercises import _numpy_variants as wrong
+
+
+def _sdpa_ok(q, k, v, mask=None):
+    scores = np.einsum("...qd,...kd->...qk", q, k) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores + mask
+    scores = scores - scores.max(-1, keepdims=True)
+    w = np.exp(scores)
+    w = w / w.sum(-1, keepdims=True)
+    return w @ v, w
+
+
+def test_correct_functions_pass(capsys):
+    def causal_mask(n):
+        return np.where(np.tril(np.ones((n, n), bool)), 0.0, -np.inf).astype(np.float32)
+
+    assert check("causal_mask", causal_mask) is True
+    assert check("scaled_dot_product_attention", _sdpa_ok) is True
+
+    def split_heads(x, num_heads):
+        return wrong.split(x, num_heads)
+
+    assert check("split_heads", split_heads) is True
+    out = capsys.readouterr().out
+    assert out.count("\u2714") == 3 and "visible tests pass" in out
+
+
+@pytest.mark.parametrize("fn, name, expected", [
+    (lambda n: np.triu(np.full((n, n), -np.inf), 0), "causal_mask", "-inf on the diagonal"),
+    (lambda n: np.tril(np.full((n, n), -np.inf), -1), "causal_mask", "below the diagonal"),
+    (lambda n: np.triu(np.ones((n, n), bool), 1), "causal_mask", "booleans"),
+    (lambda n: np.triu(np.full((n, n), -1e9), 1), "causal_mask", "not a large finite number"),
+    (lambda q, k, v, mask=None: wrong.sdpa(q, k, v, mask, scale="none"), "scaled_dot_product_attention",
+     "not divided by sqrt(d_k)"),
+    (lambda q, k, v, mask=None: wrong.sdpa(q, k, v, mask, axis=-2), "scaled_dot_product_attention",
+     "wrong axis"),
+    (lambda q, k, v, mask=None: wrong.sdpa(q, k, v, mask, use_mask=False), "scaled_dot_product_attention",
+     "mask is not applied"),
+    (lambda q, k, v, mask=None: wrong.sdpa(q, k, v, mask)[::-1], "scaled_dot_product_attention",
+     "in this order"),
+    (lambda q, k, v, mask=None: (wrong.sdpa(q, k, v, mask)[0], np.exp(q @ np.swapaxes(k, -1, -2))),
+     "scaled_dot_product_attention", "rows do not sum to 1"),
+    (lambda x, num_heads: wrong.split(x, num_heads, "reshape_only"), "split_heads",
+     "heads come out in the wrong order"),
+    (lambda x, num_heads: wrong.split(x, num_heads, "no_transpose"), "split_heads",
+     "move the head axis in front of N"),
+    (lambda x: wrong.merge(x, "reshape_only"), "merge_heads", "positions and heads are mixed"),
+    (lambda x, w_q, w_k, w_v, w_o, num_heads, mask=None:
+     wrong.gqa(x, w_q, w_k, w_v, w_o, num_heads, num_heads, mask, scale="model"),
+     "multi_head_attention", "sqrt(d_model)"),
+    (lambda x, w_q, w_k, w_v, w_o, num_heads, mask=None:
+     wrong.gqa(x, w_q, w_k, w_v, w_o, num_heads, num_heads, mask, use_wo=False),
+     "multi_head_attention", "w_o is not applied"),
+    (lambda x, w_q, w_k, w_v, w_o, num_heads, mask=None:
+     wrong.gqa(x, w_q, w_k, w_v, w_o, num_heads, num_heads, mask, split_how="reshape_only"),
+     "multi_head_attention", "check reshape before transpose"),
+    (lambda x, w_q, w_k, w_v, w_o, num_heads, num_kv_heads, mask=None:
+     wrong.gqa(x, w_q, w_k, w_v, w_o, num_heads, num_kv_heads, mask, repeat="tile"),
+     "grouped_query_attention", "not np.tile"),
+])
+def test_common_mistakes_are_named(capsys, fn, name, expected):
+    assert check(name, fn) is False
+    out = capsys.readouterr().out
+    assert expected in out, out
+
+
+def test_stub_exception_wrong_signature_and_library_call_never_raise(capsys):
+    def causal_mask(n):
+        raise NotImplementedError("causal_mask is not written yet")
+
+    assert check("causal_mask", causal_mask) is False
+    assert "not written yet" in capsys.readouterr().out
+
+    def boom(q, k, v, mask=None):
+        raise ZeroDivisionError("oops")
+
+    assert check("scaled_dot_product_attention", boom) is False
+    assert "raised ZeroDivisionError: oops" in capsys.readouterr().out
+
+    def sdpa_no_mask(q, k, v):
+        return _sdpa_ok(q, k, v)
+
+    assert check("scaled_dot_product_attention", sdpa_no_mask) is False
+    assert "wrong signature" in capsys.readouterr().out
+
+    assert check("scaled_dot_product_attention", ref.scaled_dot_product_attention) is False
+    assert "does not allow" in capsys.readouterr().out
+
+    def exits(n):
+        raise SystemExit(3)
+
+    assert check("causal_mask", exits) is False
+    assert "SystemExit" in capsys.readouterr().out
+
+    assert check("causal_mask", lambda n: object()) is False
+    assert "type object" in capsys.readouterr().out
+
+    def mutates(x, num_heads):
+        x[...] = 0
+        return wrong.split(x, num_heads)
+
+    assert check("split_heads", mutates) is False
+    assert "changed its input x in place" in capsys.readouterr().out
+
+
+def test_unknown_or_undefined_names(capsys):
+    assert check("no_such_function", print) is False
+    out = capsys.readouterr().out
+    assert "no graded function called 'no_such_function'" in out and "causal_mask" in out
+    assert check("merge_heads") is False  # not defined in this module's globals
+    assert "not defined yet" in capsys.readouterr().out
+
+
+def test_names_cover_the_exercise_interface():
+    names = graded_names()
+    for name in ("causal_mask", "scaled_dot_product_attention", "split_heads", "merge_heads",
+                 "multi_head_attention", "grouped_query_attention", "multi_query_attention"):
+        assert name in names
