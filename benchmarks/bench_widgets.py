@@ -1,0 +1,100 @@
+"""How live do the multi-head attention explorers feel? Kernel-side redraw time.
+
+One redraw is what a slider move costs in the kernel: the render function (attention
+for the chosen sizes, the text, the figure) plus encoding the figure to PNG bytes, as
+the explorer's Output shows it. Sending the bytes to the browser is not counted.
+
+Goal: median redraw under 100 ms for every d_model <= 128 and H <= 16 on 2 cores.
+Reported: median milliseconds per setting and the ratio to the goal (below 1 meets
+it), and, side by side in the same run, the ratio to drawing the same heads with one
+matplotlib Axes per head (``mhalib.plots.attention_grid``), the obvious way.
+
+Usage: python benchmarks/bench_widgets.py
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from common import median_time, print_table  # noqa: E402
+
+from mhalib.sentences import SENTENCES  # noqa: E402
+from mhalib.validation import divisors  # noqa: E402
+from mhalib.widgets.common import figure_png  # noqa: E402
+from mhalib.widgets.mha import (  # noqa: E402
+    D_MODEL_OPTIONS,
+    MAX_HEADS,
+    STEP_D_MODEL_OPTIONS,
+    STEP_MAX_HEADS,
+    STEPS,
+    render_mha,
+    render_step,
+)
+
+GOAL_MS = 100.0
+SHORT, LONG = "The cat sat on", max(SENTENCES, key=lambda s: len(SENTENCES[s]))
+
+
+def redraw(render, *args):
+    view = render(*args)
+    assert view.ok, view.text
+    return figure_png(view.figure)
+
+
+def grid_redraw(d_model, num_heads, sentence):
+    """The same heads drawn with one Axes each (constrained layout), then PNG."""
+    import matplotlib.pyplot as plt
+
+    from mhalib.plots import attention_grid
+
+    view = render_mha(d_model, num_heads, sentence)
+    fig = attention_grid(view.data["weights"], view.data["tokens"])
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def main():
+    print(f"explorer redraw (render + PNG), median of 5; goal {GOAL_MS:.0f} ms")
+    rows, medians = [], []
+    for d_model in D_MODEL_OPTIONS:
+        for h in [h for h in divisors(d_model) if h <= MAX_HEADS]:
+            for sentence in (SHORT, LONG):
+                t = median_time(lambda: redraw(render_mha, d_model, h, sentence), repeat=5, warmup=1) * 1e3
+                medians.append(t)
+                rows.append([d_model, h, len(SENTENCES[sentence]), f"{t:.1f}", f"{t / GOAL_MS:.2f}"])
+    print_table(["d_model", "H", "tokens", "median ms", "/ goal"], rows)
+    worst = max(medians)
+    print(f"\nall {len(medians)} settings: median {statistics.median(medians):.1f} ms "
+          f"({statistics.median(medians) / GOAL_MS:.2f} of the goal), worst {worst:.1f} ms "
+          f"({worst / GOAL_MS:.2f}); {sum(m < GOAL_MS for m in medians)} of {len(medians)} under the goal")
+
+    print("\nstep-through redraw (render + PNG), median over steps of the median of 3")
+    rows, step_medians = [], []
+    for d_model in STEP_D_MODEL_OPTIONS:
+        for h in [h for h in divisors(d_model) if h <= STEP_MAX_HEADS]:
+            per_step = [median_time(lambda: redraw(render_step, s, d_model, h, "the cat sat on the mat", True),
+                                    repeat=3, warmup=1) * 1e3 for s in STEPS]
+            step_medians += per_step
+            rows.append([d_model, h, f"{statistics.median(per_step):.1f}", f"{max(per_step):.1f}",
+                         f"{max(per_step) / GOAL_MS:.2f}"])
+    print_table(["d_model", "H", "median ms", "slowest step ms", "slowest / goal"], rows)
+    print(f"\nall steps: median {statistics.median(step_medians):.1f} ms, worst {max(step_medians):.1f} ms")
+
+    print("\nside by side: one image for all heads vs one matplotlib Axes per head (same run)")
+    rows = []
+    for d_model, h in [(8, 2), (64, 8), (128, 16)]:
+        ours = median_time(lambda: redraw(render_mha, d_model, h, LONG), repeat=3, warmup=1) * 1e3
+        axes = median_time(lambda: grid_redraw(d_model, h, LONG), repeat=3, warmup=1) * 1e3
+        rows.append([d_model, h, f"{ours:.1f}", f"{axes:.1f}", f"{axes / ours:.1f}x"])
+    print_table(["d_model", "H", "explorer ms", "Axes per head ms", "explorer faster by"], rows)
+
+
+if __name__ == "__main__":
+    main()
