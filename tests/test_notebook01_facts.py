@@ -174,3 +174,16 @@ def test_exercise_stubs_raise_not_implemented():
         causal(3)
     with pytest.raises(NotImplementedError):
         sdpa(np.zeros((3, 2)), np.zeros((3, 2)), np.zeros((3, 2)))
+
+
+def test_course_check_accepts_the_solution_and_rejects_the_stubs(capsys):
+    from mhalib.check import check
+
+    causal, sdpa = _functions_from(ROOT / "solutions" / NAME, ["causal_mask", "scaled_dot_product_attention"])
+    assert check("causal_mask", causal) is True
+    assert check("scaled_dot_product_attention", sdpa) is True
+    stub_causal, stub_sdpa = _functions_from(ROOT / "exercises" / NAME,
+                                             ["causal_mask", "scaled_dot_product_attention"])
+    assert check("causal_mask", stub_causal) is False
+    assert check("scaled_dot_product_attention", stub_sdpa) is False
+    assert "not written yet" in capsys.readouterr().out
