@@ -38,6 +38,7 @@ test: $(STAMP)
 	$(PYTEST) tests --ignore=tests/browser -n 2
 	$(PYTEST) $(NBVAL) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -n 2 --dist loadscope notebooks solutions
 	$(PYTEST) $(NBVAL) --nbval-lax -n 2 --dist loadscope exercises
+	$(PYTEST) tests/browser -p no:cacheprovider
 
 notebooks: $(STAMP)
 	$(PY) tools/run_notebooks.py notebooks solutions

@@ -1,0 +1,126 @@
+"""Fixtures for the browser tests: one private JupyterLab, one headless Chromium.
+
+Without Chromium (or Playwright) the tests are skipped with a message saying how to
+enable them, unless the environment variable ``CI`` is set: there their absence is a
+failure, so a CI image that lost its browser cannot pass silently.
+
+Screenshots land in ``artifacts/screenshots/`` (ignored by git).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lab_harness import CHROMIUM_ARGS, HOW_TO_ENABLE, LabServer, find_chromium
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SCREENSHOTS = REPO / "artifacts" / "screenshots"
+VIEWPORT = {"width": 1280, "height": 900}
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def unavailable(reason: str):
+    """Skip (on a developer's machine) or fail (in CI) for a missing browser stack."""
+    if in_ci():
+        pytest.fail(f"{reason}. CI is set, so the browser tests must run: {HOW_TO_ENABLE}",
+                    pytrace=False)
+    pytest.skip(f"browser tests skipped: {reason}; {HOW_TO_ENABLE}")
+
+
+def uses_widgets(path: Path) -> bool:
+    """True when a code cell of the notebook mentions ``mhalib.widgets``."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "code":
+            src = cell.get("source", "")
+            src = "".join(src) if isinstance(src, list) else src
+            if "mhalib.widgets" in src or ("from mhalib import" in src and "widgets" in src):
+                return True
+    return False
+
+
+def widget_notebooks() -> list[Path]:
+    return sorted(p for p in (REPO / "notebooks").glob("*.ipynb") if uses_widgets(p))
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    path = find_chromium()
+    if path is None:
+        unavailable("Chromium was not found" + (f" at $CHROMIUM={os.environ['CHROMIUM']}"
+                                                if os.environ.get("CHROMIUM") else " on PATH"))
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        unavailable("Playwright for Python is not installed (pip install -e '.[dev]')")
+    return path
+
+
+@pytest.fixture(scope="session")
+def lab_root(tmp_path_factory) -> Path:
+    """The folder JupyterLab serves: copies of notebooks/ and of the harness fixtures.
+
+    Copies, so that nothing a test does (even a save) can touch the committed notebooks.
+    """
+    root = tmp_path_factory.mktemp("lab-root")
+    ignore = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__")
+    shutil.copytree(REPO / "notebooks", root / "notebooks", ignore=ignore)
+    shutil.copytree(FIXTURES, root / "fixtures", ignore=ignore)
+    return root
+
+
+@pytest.fixture(scope="session")
+def lab_server(chromium_path, lab_root, tmp_path_factory):
+    """``jupyter lab`` on 127.0.0.1, a free port, a random token, isolated Jupyter dirs."""
+    server = LabServer(lab_root, tmp_path_factory.mktemp("jupyter"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def browser(chromium_path):
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    try:
+        chromium = pw.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS,
+                                      headless=True, timeout=120_000)
+    except Exception:
+        pw.stop()
+        raise
+    try:
+        yield chromium
+    finally:
+        chromium.close()
+        pw.stop()
+
+
+@pytest.fixture
+def lab_page(browser, lab_server):
+    """A fresh browser tab; its kernels are shut down afterwards."""
+    context = browser.new_context(viewport=VIEWPORT)
+    context.set_default_timeout(60_000)
+    page = context.new_page()
+    try:
+        yield page
+    finally:
+        context.close()
+        lab_server.shutdown_kernels()
+
+
+@pytest.fixture(scope="session")
+def screenshots() -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    return SCREENSHOTS

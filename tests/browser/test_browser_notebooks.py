@@ -1,0 +1,28 @@
+"""Every notebook with widgets, as a learner meets it: JupyterLab in headless Chromium.
+
+For each notebook whose code uses ``mhalib.widgets``: open it, run all cells from the
+Run menu, wait for the kernel, then check that the explorers are drawn as widgets, that
+no output shows a traceback or a widget error, and that every slider redraws its figure
+without breaking anything (see ``lab_harness.check_notebook``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import widget_notebooks
+from lab_harness import NotebookPage, check_notebook
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+NOTEBOOKS = [pytest.param(p, id=p.stem) for p in widget_notebooks()] or [
+    pytest.param(None, id="none", marks=pytest.mark.skip(
+        reason="no notebook in notebooks/ uses mhalib.widgets yet"))]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_widgets_work_in_jupyterlab(notebook, lab_page, lab_server, screenshots):
+    nb = NotebookPage(lab_page, lab_server, f"notebooks/{notebook.name}").open()
+    report = check_notebook(nb, screenshots)
+    print(report.summary())
+    assert report.explorers >= 1
