@@ -98,10 +98,14 @@ def repeat_kv(x, n_rep):
 def grouped_attention(q, k, v, *, causal=False, attn_mask=None, need_weights=False):
     """Attention of H query heads against g shared key/value heads, without repeating K/V.
 
-    The queries are viewed as ``(B, g, H/g, N_q, d)`` so that each group of H/g query
-    heads meets its own key/value head by broadcasting: the K/V tensors are read once,
-    never copied H/g times. Equivalent to
-    ``F.scaled_dot_product_attention(q, k, v, is_causal=..., enable_gqa=True)``.
+    The H/g query heads of a group are stacked as rows of one query matrix,
+    ``(B, H, N_q, d) -> (B, g, H/g * N_q, d)``, so each key/value head meets all the
+    queries that share it in one matrix product: K and V are read once, never copied
+    H/g times (for a single decoding query this turns H/g matrix-vector products,
+    each re-reading the cache, into one small matrix product). Equivalent to
+    ``F.scaled_dot_product_attention(q, k, v, is_causal=..., enable_gqa=True)``
+    (with causal masking aligned to the bottom right when ``N_q < N_k``), and to
+    ``repeat_kv`` followed by ordinary attention.
 
     Args:
         q: ``(B, H, N_q, d_head)``.
@@ -127,18 +131,27 @@ def grouped_attention(q, k, v, *, causal=False, attn_mask=None, need_weights=Fal
         )
     check_divisible(h, g, "num_heads", "num_kv_heads")
     rep = h // g
-    qg = q.reshape(b, g, rep, n_q, d)  # (B, g, H/g, N_q, d)
-    scores = (qg * (1.0 / math.sqrt(d))) @ k.unsqueeze(2).transpose(-1, -2)  # (B, g, H/g, N_q, N_k)
-    scores = scores.reshape(b, h, n_q, n_k)  # (B, H, N_q, N_k)
-    if causal:
-        allowed = causal_mask(n_q, n_k, device=q.device)  # (N_q, N_k)
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    if attn_mask is not None:
-        scores = scores + attn_mask
-    weights = torch.softmax(scores, dim=-1)  # (B, H, N_q, N_k)
-    out = weights.reshape(b, g, rep, n_q, n_k) @ v.unsqueeze(2)  # (B, g, H/g, N_q, d)
-    out = out.reshape(b, h, n_q, d)  # (B, H, N_q, d)
-    return (out, weights) if need_weights else out
+    # The H/g query heads of a group become H/g * N_q rows against one K/V head.
+    qg = (q * (1.0 / math.sqrt(d))).reshape(b, g, rep * n_q, d)  # (B, g, H/g * N_q, d)
+    # Scores are computed as K Q^T, keys along the rows: both products then stream the
+    # cache (B, g, N_k, d) row by row, which is how it lies in memory. For one decoding
+    # query this orientation runs markedly faster on CPU than Q K^T (see
+    # benchmarks/bench_decode.py); the numbers are the same.
+    scores_t = k @ qg.transpose(-1, -2)  # (B, g, N_k, H/g * N_q)
+    if causal or attn_mask is not None:
+        grid = scores_t.view(b, g, n_k, rep, n_q)  # (B, g, N_k, H/g, N_q)
+        if causal:
+            blocked = ~causal_mask(n_q, n_k, device=q.device).T  # (N_k, N_q)
+            grid.masked_fill_(blocked[:, None, :], float("-inf"))
+        if attn_mask is not None:
+            mask = attn_mask.broadcast_to(b, h, n_q, n_k).reshape(b, g, rep, n_q, n_k)  # (B, g, H/g, N_q, N_k)
+            grid = grid + mask.permute(0, 1, 4, 2, 3)  # (B, g, N_k, H/g, N_q)
+        scores_t = grid.reshape(b, g, n_k, rep * n_q)  # (B, g, N_k, H/g * N_q)
+    weights_t = torch.softmax(scores_t, dim=-2)  # (B, g, N_k, H/g * N_q): each column sums to 1
+    weights = weights_t.transpose(-1, -2)  # (B, g, H/g * N_q, N_k), a view
+    out = weights @ v  # (B, g, H/g * N_q, d)
+    out = out.view(b, h, n_q, d)  # (B, H, N_q, d)
+    return (out, weights.reshape(b, h, n_q, n_k)) if need_weights else out
 
 
 class GroupedQueryAttention(nn.Module):
@@ -194,34 +207,51 @@ class GroupedQueryAttention(nn.Module):
         return q, k, v
 
     def attend(self, q, k, v, *, causal=False, attn_mask=None, need_weights=False):
-        """Attention over already projected heads; returns ``(B, H, N_q, d)`` (and weights)."""
+        """Attention over already projected heads; returns ``(B, H, N_q, d)`` (and weights).
+
+        ``q`` is ``(B, H, N_q, d)``, ``k, v`` are ``(B, g, N_k, d)`` with ``N_q <= N_k``
+        when ``causal`` (the mask is then aligned to the bottom right, as in decoding).
+        Measured choice of kernel (``benchmarks/bench_decode.py``): one decoding query,
+        or a request for the weights, goes to
+        :func:`grouped_attention`; several queries go to PyTorch's fused
+        ``scaled_dot_product_attention`` with ``enable_gqa``, which never forms the
+        ``(N_q, N_k)`` score matrix in full.
+        """
         b, _, n_q, _ = q.shape
         n_k = k.shape[2]
         mask = normalize_mask(attn_mask, b, self.num_heads, n_q, n_k, q.dtype)
-        if need_weights or (causal and n_q != n_k and n_q != 1):
+        if need_weights or n_q == 1:
             return grouped_attention(q, k, v, causal=causal, attn_mask=mask, need_weights=need_weights)
-        if causal and n_q == 1:
-            causal = False  # one new query sees the whole cache
-        if self.num_kv_heads == self.num_heads:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-        return grouped_attention(q, k, v, causal=causal, attn_mask=mask)
+        if causal and n_q != n_k:
+            allowed = causal_mask(n_q, n_k, device=q.device)  # (N_q, N_k), bottom-right aligned
+            blocked = torch.zeros(n_q, n_k, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
+            mask = blocked if mask is None else mask + blocked
+            causal = False
+        gqa = self.num_kv_heads != self.num_heads
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
 
-    def forward(self, x, *, causal=False, attn_mask=None, need_weights=False):
-        """Attend from every position of ``x`` to every position of ``x``.
+    def forward(self, x, *, causal=False, attn_mask=None, need_weights=False, kv_cache=None):
+        """Attend from every position of ``x`` to every position of ``x`` (and of the cache).
 
         Args:
             x: ``(B, N, d_model)``.
-            causal: apply a causal mask (position i sees 0..i).
-            attn_mask: optional ``(N, N)`` or 4-D ``(B|1, H|1, N, N)`` mask; bool
-                (``True`` = may attend) or additive float.
+            causal: apply a causal mask (position i sees 0..i). With a cache holding T
+                earlier positions, the N new queries sit at positions T..T+N-1 and the
+                mask is aligned to the bottom right.
+            attn_mask: optional ``(N, N_k)`` or 4-D ``(B|1, H|1, N, N_k)`` mask; bool
+                (``True`` = may attend) or additive float. ``N_k`` is N, or T + N with a cache.
             need_weights: also return the attention weights.
+            kv_cache: optional :class:`mhalib.kv_cache.KVCache`; this call appends its
+                keys and values to it and attends to everything cached so far.
 
         Returns:
-            ``(B, N, d_model)``, or ``(output, weights)`` with weights ``(B, H, N, N)``.
+            ``(B, N, d_model)``, or ``(output, weights)`` with weights ``(B, H, N, N_k)``.
         """
         self._check_input(x)
         b, n, _ = x.shape
-        q, k, v = self.project(x)
+        q, k, v = self.project(x)  # (B, H, N, d), (B, g, N, d), (B, g, N, d)
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)  # (B, g, T + N, d) each
         result = self.attend(q, k, v, causal=causal, attn_mask=attn_mask, need_weights=need_weights)
         out, weights = result if need_weights else (result, None)
         out = out.transpose(1, 2).reshape(b, n, self.d_model)  # (B, N, d_model)

@@ -1,0 +1,138 @@
+"""Decode benchmark: one new query token against a long KV cache, MHA vs GQA vs MQA.
+
+Decoding reads the whole KV cache for every new token, so with few FLOPs per byte its
+speed is set by how many bytes the cache holds: g key/value heads instead of H should
+make a step about H / g times faster, until compute becomes the limit (on a CPU, MQA
+reaches that floor well before H / g = 32).
+
+Three ways to attend with g < H key/value heads:
+
+* ``grouped_attention`` (mhalib): the H / g query heads of a group stacked as rows,
+  multiplied against the group's un-repeated K and V;
+* ``F.scaled_dot_product_attention(..., enable_gqa=True)`` (PyTorch >= 2.5);
+* ``repeat_kv`` then SDPA: materialise H key/value heads first (copies the cache).
+
+Reported: median time of each, its speedup over the same method's MHA, and the byte
+ratio H / g (the ideal speedup of a memory-bound step). Caches are flushed between
+calls by writing a buffer larger than the last-level cache.
+
+Usage: python benchmarks/bench_decode.py [--tokens N] [--repeat R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import median_time, print_table  # noqa: E402
+
+from mhalib.attention import grouped_attention, repeat_kv  # noqa: E402
+
+FLUSH_BYTES = 256 * 2**20  # larger than any last-level cache this runs on
+
+
+def make_flush(nbytes=FLUSH_BYTES):
+    """Return a function that evicts the caches by writing ``nbytes`` of fresh memory."""
+    buf = torch.empty(nbytes // 4, dtype=torch.float32)
+
+    def flush():
+        buf.add_(1.0)
+
+    return flush
+
+
+def methods():
+    return {
+        "mhalib grouped_attention": lambda q, k, v: grouped_attention(q, k, v),
+        "SDPA enable_gqa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+        "repeat_kv + SDPA": lambda q, k, v: F.scaled_dot_product_attention(
+            q, repeat_kv(k, q.shape[1] // k.shape[1]), repeat_kv(v, q.shape[1] // k.shape[1])),
+    }
+
+
+def run(num_tokens=32_768, num_heads=32, head_dim=128, kv_heads=(32, 8, 1), repeat=7, warmup=1):
+    """Time every method for every g; return rows ``(method, g, seconds)``.
+
+    The calls are interleaved (one call of every method and g per round, ``repeat``
+    rounds, median per pair), so a change in the machine's load during the run moves
+    all of them together and the ratios stay meaningful.
+    """
+    torch.manual_seed(0)
+    flush = make_flush()
+    q = torch.randn(1, num_heads, 1, head_dim)  # (B, H, 1, d_head): one new token
+    caches = {}
+    for g in kv_heads:
+        k = torch.randn(1, g, num_tokens, head_dim)  # (B, g, n, d_head)
+        v = torch.randn(1, g, num_tokens, head_dim)  # (B, g, n, d_head)
+        ref = F.scaled_dot_product_attention(q, repeat_kv(k, num_heads // g), repeat_kv(v, num_heads // g))
+        for fn in methods().values():
+            torch.testing.assert_close(fn(q, k, v), ref, atol=1e-4, rtol=1e-4)
+        caches[g] = (k, v)
+    pairs = [(name, g) for g in kv_heads for name in methods()]
+    fns = methods()
+    times = {pair: [] for pair in pairs}
+    for round_ in range(warmup + repeat):
+        for name, g in pairs:
+            k, v = caches[g]
+            flush()
+            start = time.perf_counter()
+            fns[name](q, k, v)
+            if round_ >= warmup:
+                times[(name, g)].append(time.perf_counter() - start)
+    return [(name, g, statistics.median(times[(name, g)])) for name, g in pairs]
+
+
+def run_prefill(n=1024, num_heads=8, num_kv_heads=2, head_dim=64, repeat=3):
+    """Many queries at once (a prompt): grouped_attention vs the fused SDPA; returns seconds."""
+    torch.manual_seed(0)
+    q = torch.randn(1, num_heads, n, head_dim)  # (B, H, N, d_head)
+    k = torch.randn(1, num_kv_heads, n, head_dim)  # (B, g, N, d_head)
+    v = torch.randn(1, num_kv_heads, n, head_dim)  # (B, g, N, d_head)
+    ours = median_time(lambda: grouped_attention(q, k, v, causal=True), repeat=repeat)
+    sdpa = median_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                       repeat=repeat)
+    return ours, sdpa
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=32_768)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args(argv)
+    h, n, d = args.heads, args.tokens, args.head_dim
+    kv_heads = [g for g in (h, 8, 1) if h % g == 0]
+    print(f"decode: B 1, one query token, cache n {n:,}, H {h}, d_head {d}, fp32, "
+          f"{torch.get_num_threads()} threads; caches flushed between calls")
+    rows = run(n, h, d, kv_heads, repeat=args.repeat)
+    times = {(name, g): s for name, g, s in rows}
+    table = []
+    for name, g, s in rows:
+        label = "MHA" if g == h else ("MQA" if g == 1 else f"GQA-{g}")
+        kv_mib = 2 * g * n * d * 4 / 2**20
+        table.append([name, label, f"{kv_mib:,.0f}", f"{s * 1e3:.2f}",
+                      f"{times[(name, h)] / s:.2f}x", f"{h / g:.0f}x"])
+    print_table(["method", "attention", "K+V MiB", "ms", "speedup vs its MHA", "bytes H/g"], table)
+    ours, sdpa = "mhalib grouped_attention", "SDPA enable_gqa"
+    print(f"\nmhalib MHA / SDPA MHA time: {times[(ours, h)] / times[(sdpa, h)]:.2f} (goal <= 1.1)")
+    if (ours, 8) in times:
+        print(f"mhalib GQA-8 speedup over its MHA: {times[(ours, h)] / times[(ours, 8)]:.2f}x "
+              f"(goal >= 3.0x, ideal {h // 8}x)")
+    ours_p, sdpa_p = run_prefill()
+    print(f"prefill (N_q = N_k = 1,024, H 8, g 2, d_head 64, causal): grouped_attention / SDPA "
+          f"enable_gqa time {ours_p / sdpa_p:.2f} (why GroupedQueryAttention sends several "
+          f"queries to SDPA and one decoding query to grouped_attention)")
+    print(f"repeat_kv + SDPA at GQA-{kv_heads[1] if len(kv_heads) > 1 else h} vs mhalib: "
+          f"{times[('repeat_kv + SDPA', kv_heads[1])] / times[(ours, kv_heads[1])]:.1f}x slower")
+
+
+if __name__ == "__main__":
+    main()

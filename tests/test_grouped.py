@@ -1,0 +1,238 @@
+"""Grouped-query attention: grouped_attention against PyTorch's SDPA, MHA and MQA as its
+special cases, and decoding with a KV cache against full recomputation.
+
+Oracles: ``F.scaled_dot_product_attention(..., enable_gqa=True)``, ``nn.MultiheadAttention``
+holding repeated K/V weights, and an explicit loop over query heads.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mhalib.attention as attention
+from mhalib.attention import (
+    GroupedQueryAttention,
+    MultiHeadAttention,
+    MultiQueryAttention,
+    grouped_attention,
+    repeat_kv,
+)
+from mhalib.kv_cache import KVCache, kv_cache_bytes
+from mhalib.np_attention import grouped_query_attention as np_gqa
+
+H = 8
+
+
+def bottom_right_allowed(n_q, n_k):
+    """Query i (the (n_k - n_q + i)-th position) may see keys 0 .. n_k - n_q + i; built by a loop."""
+    allowed = torch.zeros(n_q, n_k, dtype=torch.bool)
+    for i in range(n_q):
+        for j in range(n_k):
+            allowed[i, j] = j <= n_k - n_q + i
+    return allowed
+
+
+def loop_attention(q, k, v, allowed=None):
+    """Explicit loop over query heads: head h reads key/value head h // (H // g)."""
+    b, h, n_q, d = q.shape
+    g = k.shape[1]
+    out = torch.empty_like(q)
+    for bi in range(b):
+        for hi in range(h):
+            kv = hi // (h // g)
+            s = q[bi, hi] @ k[bi, kv].T / d ** 0.5  # (N_q, N_k)
+            if allowed is not None:
+                s = s.masked_fill(~allowed, float("-inf"))
+            out[bi, hi] = torch.softmax(s, -1) @ v[bi, kv]
+    return out
+
+
+def qkv(b, g, n_q, n_k, d=16, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, H, n_q, d, generator=gen, dtype=dtype)  # (B, H, N_q, d)
+    k = torch.randn(b, g, n_k, d, generator=gen, dtype=dtype)  # (B, g, N_k, d)
+    v = torch.randn(b, g, n_k, d, generator=gen, dtype=dtype)  # (B, g, N_k, d)
+    return q, k, v
+
+
+@pytest.mark.parametrize("g", [1, 2, 4, 8])
+@pytest.mark.parametrize("n_q, n_k", [(1, 1), (1, 13), (13, 13), (4, 13)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_attention_equals_sdpa_enable_gqa(g, n_q, n_k, causal):
+    q, k, v = qkv(2, g, n_q, n_k)
+    got = grouped_attention(q, k, v, causal=causal)
+    assert got.shape == (2, H, n_q, 16)
+    if causal and n_q != n_k:
+        # SDPA's is_causal is aligned to the top left; decoding needs bottom right.
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=bottom_right_allowed(n_q, n_k), enable_gqa=True)
+    else:
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(got, loop_attention(q, k, v, bottom_right_allowed(n_q, n_k) if causal else None),
+                               atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("g", [1, 4, 8])
+def test_grouped_attention_float32_decode_size(g):
+    q, k, v = qkv(1, g, 1, 300, d=32, dtype=torch.float32)
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(grouped_attention(q, k, v), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mask_shape", [(5, 9), (2, 1, 5, 9), (1, H, 5, 9), (2, H, 5, 9)])
+def test_grouped_attention_additive_mask_equals_sdpa(mask_shape):
+    q, k, v = qkv(2, 2, 5, 9)
+    gen = torch.Generator().manual_seed(1)
+    mask = torch.randn(*mask_shape, generator=gen, dtype=torch.float64)
+    mask = mask.masked_fill(torch.rand(*mask_shape, generator=gen) < 0.3, float("-inf"))
+    mask[..., 0] = 0.0  # every row keeps at least one key
+    got = grouped_attention(q, k, v, attn_mask=mask)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+
+
+def test_grouped_attention_weights_rows_sum_to_one_and_match_repeated_kv():
+    q, k, v = qkv(2, 2, 4, 7)
+    out, w = grouped_attention(q, k, v, causal=True, need_weights=True)
+    assert w.shape == (2, H, 4, 7)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, H, 4, dtype=torch.float64))
+    kr = k.repeat_interleave(H // 2, dim=1)  # (B, H, N_k, d)
+    s = q @ kr.transpose(-1, -2) / 16 ** 0.5
+    s = s.masked_fill(~bottom_right_allowed(4, 7), float("-inf"))
+    torch.testing.assert_close(w, torch.softmax(s, -1))
+    torch.testing.assert_close(out, w @ v.repeat_interleave(H // 2, dim=1))
+
+
+def test_grouped_attention_never_repeats_kv(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("grouped_attention must not repeat K/V")
+
+    monkeypatch.setattr(attention, "repeat_kv", refuse)
+    monkeypatch.setattr(torch, "repeat_interleave", refuse)
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", refuse)
+    monkeypatch.setattr(torch.Tensor, "repeat", refuse)
+    monkeypatch.setattr(torch.Tensor, "expand", refuse)
+    q, k, v = qkv(1, 2, 1, 50)
+    out = grouped_attention(q, k, v, causal=True)
+    assert out.shape == (1, H, 1, 16)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(q=(1, 8, 3, 4), k=(1, 3, 3, 4), v=(1, 3, 3, 4)),   # g = 3 does not divide H = 8
+    dict(q=(1, 8, 3, 4), k=(1, 2, 3, 4), v=(1, 2, 5, 4)),   # k and v differ
+    dict(q=(1, 8, 3, 4), k=(1, 2, 3, 5), v=(1, 2, 3, 5)),   # head_dim differs
+    dict(q=(8, 3, 4), k=(1, 2, 3, 4), v=(1, 2, 3, 4)),      # q is 3-D
+])
+def test_grouped_attention_bad_shapes_raise_value_error(bad):
+    with pytest.raises(ValueError):
+        grouped_attention(torch.zeros(bad["q"]), torch.zeros(bad["k"]), torch.zeros(bad["v"]))
+
+
+def test_repeat_kv_is_repeat_interleave_not_tile():
+    x = torch.arange(2 * 4 * 3 * 2, dtype=torch.float32).reshape(2, 4, 3, 2)  # (B, g, N, d)
+    assert torch.equal(repeat_kv(x, 3), x.repeat_interleave(3, dim=1))
+    assert not torch.equal(repeat_kv(x, 3), x.repeat(1, 3, 1, 1))  # tiling groups the wrong heads
+    assert repeat_kv(x, 1) is x
+
+
+def mha_with_repeated_kv(gqa):
+    """An nn.MultiheadAttention whose H K/V heads are copies: head h gets KV head h // (H / g)."""
+    h, g, d = gqa.num_heads, gqa.num_kv_heads, gqa.head_dim
+    ref = nn.MultiheadAttention(gqa.d_model, h, batch_first=True, bias=False).double()
+
+    def repeat_rows(w):  # (g * d, d_model) -> (H * d, d_model)
+        return w.view(g, d, -1).repeat_interleave(h // g, dim=0).reshape(h * d, -1)
+
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([gqa.q_proj.weight, repeat_rows(gqa.k_proj.weight),
+                                            repeat_rows(gqa.v_proj.weight)]))
+        ref.out_proj.weight.copy_(gqa.o_proj.weight)
+    return ref
+
+
+@pytest.mark.parametrize("g", [8, 4, 2, 1])
+@pytest.mark.parametrize("causal", [False, True])
+def test_module_equals_nn_multihead_with_repeated_kv(g, causal):
+    torch.manual_seed(0)
+    layer = GroupedQueryAttention(32, H, g).double()
+    x = torch.randn(3, 6, 32, dtype=torch.float64)
+    ref = mha_with_repeated_kv(layer)
+    mask = torch.ones(6, 6, dtype=torch.bool).triu(1) if causal else None  # True = blocked in nn.MHA
+    want, want_w = ref(x, x, x, attn_mask=mask, need_weights=True, average_attn_weights=False)
+    got = layer(x, causal=causal)
+    got2, got_w = layer(x, causal=causal, need_weights=True)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got2, want)
+    torch.testing.assert_close(got_w, want_w)
+
+
+def test_g_equals_h_is_mha_and_g_one_is_mqa():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    mha = MultiHeadAttention(32, H).double()
+    gqa = GroupedQueryAttention(32, H, H).double()
+    gqa.load_state_dict(mha.state_dict())
+    torch.testing.assert_close(gqa(x, causal=True), mha(x, causal=True))
+    mqa = MultiQueryAttention(32, H).double()
+    assert mqa.k_proj.weight.shape == (32 // H, 32)  # one K head of d_head columns
+    gqa1 = GroupedQueryAttention(32, H, 1).double()
+    gqa1.load_state_dict(mqa.state_dict())
+    torch.testing.assert_close(gqa1(x), mqa(x))
+    # and both agree with the NumPy reference (x @ W convention: W = weight.T)
+    w = [m.weight.detach().numpy().T for m in (mqa.q_proj, mqa.k_proj, mqa.v_proj, mqa.o_proj)]
+    want, _ = np_gqa(x.numpy(), *w, H, 1)
+    np.testing.assert_allclose(mqa(x).detach().numpy(), want, atol=1e-12)
+
+
+@pytest.mark.parametrize("g", [8, 2, 1])
+@pytest.mark.parametrize("prompt", [1, 4])
+def test_cached_decoding_equals_full_recomputation(g, prompt):
+    torch.manual_seed(0)
+    layer = GroupedQueryAttention(32, H, g)
+    x = torch.randn(2, 12, 32)
+    full = layer(x, causal=True)  # (B, N, d_model), every position recomputed
+    cache = KVCache(capacity=2)  # small, so the buffer must grow
+    steps = [layer(x[:, :prompt], causal=True, kv_cache=cache)]
+    for t in range(prompt, 9):
+        steps.append(layer(x[:, t:t + 1], causal=True, kv_cache=cache))  # one token at a time
+    steps.append(layer(x[:, 9:], causal=True, kv_cache=cache))  # three tokens at once
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-6, rtol=1e-5)
+    assert len(cache) == 12
+    assert cache.keys.shape == (2, g, 12, 32 // H)
+    assert cache.nbytes == kv_cache_bytes(1, g, 32 // H, 12, batch_size=2, bytes_per_element=4)
+    k_full = layer.k_proj(x).view(2, 12, g, 32 // H).transpose(1, 2)  # (B, g, N, d)
+    torch.testing.assert_close(cache.keys, k_full)
+
+
+def test_cached_decode_step_weights_cover_the_whole_cache():
+    torch.manual_seed(0)
+    layer = GroupedQueryAttention(16, 4, 2)
+    x = torch.randn(1, 6, 16)
+    cache = KVCache()
+    layer(x[:, :5], causal=True, kv_cache=cache)
+    out, w = layer(x[:, 5:], causal=True, kv_cache=cache, need_weights=True)
+    assert w.shape == (1, 4, 1, 6)
+    _, w_full = layer(x, causal=True, need_weights=True)
+    torch.testing.assert_close(w[:, :, 0], w_full[:, :, -1])
+
+
+def test_cache_with_more_queries_than_keys_is_refused():
+    layer = GroupedQueryAttention(16, 4, 2)
+    q = torch.zeros(1, 4, 5, 4)
+    k = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(ValueError):
+        layer.attend(q, k, k, causal=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_attention_gradients_equal_sdpa(causal):
+    q, k, v = (t.requires_grad_() for t in qkv(2, 2, 5, 5))
+    grouped_attention(q, k, v, causal=causal).square().sum().backward()
+    ours = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True).square().sum().backward()
+    for a, t in zip(ours, (q, k, v)):
+        torch.testing.assert_close(a, t.grad)
