@@ -103,3 +103,65 @@ def attention_grid(weights, tokens=None, *, row_label="layer", col_label="head",
     if suptitle:
         fig.suptitle(suptitle)
     return fig
+
+
+def mha_diagram(num_heads=3, d_model=None, *, ax=None):
+    """A block diagram of multi-head attention: input -> H heads -> concat -> W_o -> output.
+
+    Args:
+        num_heads: H; more than 4 heads are drawn as the first two, a gap and the last.
+        d_model: if given, the boxes show the sizes (d_k = d_model / H); must be divisible by H.
+        ax: an Axes to draw on; by default a new figure.
+
+    Returns:
+        The matplotlib Figure.
+    """
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    from mhalib.validation import check_divisible
+
+    if d_model is not None:
+        check_divisible(d_model, num_heads, "d_model", "num_heads")
+    d = "d_model" if d_model is None else str(d_model)
+    dk = "d_k" if d_model is None else str(d_model // num_heads)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(10, 4.2))
+    fig = ax.figure
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 6)
+    ax.set_axis_off()
+    cmap = plt.get_cmap("viridis")
+
+    def box(x, y, w, h, text, colour):
+        ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.05",
+                                    facecolor=colour, edgecolor="black", linewidth=1))
+        ax.text(x, y, text, ha="center", va="center", fontsize=9)
+
+    def arrow(x0, y0, x1, y1):
+        ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=12,
+                                     color="0.3", linewidth=1))
+
+    shown = list(range(num_heads)) if num_heads <= 4 else [0, 1, None, num_heads - 1]
+    ys = [5.2 - i * (4.4 / max(len(shown) - 1, 1)) for i in range(len(shown))] if len(shown) > 1 else [3.0]
+    box(0.9, 3.0, 1.5, 1.0, f"input x\n(N, {d})", "0.92")
+    for i, (h, y) in enumerate(zip(shown, ys)):
+        if h is None:
+            ax.text(4.3, y, "...", ha="center", va="center", fontsize=14)
+            continue
+        colour = cmap(0.25 + 0.6 * h / max(num_heads - 1, 1))
+        box(4.3, y, 3.6, 0.8, f"head {h}: softmax(Q{h} K{h}\u1d40 / \u221a{dk}) V{h}\n"
+                              f"own W_q, W_k, W_v, ({d}, {dk}) each; out (N, {dk})", (*colour[:3], 0.45))
+        arrow(1.65, 3.0, 2.45, y)
+        arrow(6.15, y, 6.75, 3.0)
+    box(7.2, 3.0, 0.9, 1.6, f"concat\n(N, {num_heads}x{dk}\n= {d})" if d_model else "concat\n(N, H d_k\n= d_model)",
+        "0.92")
+    box(8.25, 3.0, 0.75, 1.0, f"W_o\n({d},\n{d})", "0.85")
+    box(9.35, 3.0, 0.9, 1.0, f"output\n(N, {d})", "0.92")
+    arrow(7.65, 3.0, 7.87, 3.0)
+    arrow(8.63, 3.0, 8.9, 3.0)
+    ax.set_title(f"Multi-head attention, H = {num_heads}: every head reads all of x through its own "
+                 "projections;\nthe head outputs are concatenated (not summed), then mixed by W_o", fontsize=10)
+    return fig
+
+
+__all__ += ["mha_diagram"]

@@ -76,13 +76,13 @@ _add(Question(
     id="02.d_head",
     prompt="d_model = 12 and H = 3. How wide is each head (d_k = d_v)?",
     choices=(
-        Choice("4", True, "d_k = d_model / H = 12 / 3 = 4: the heads split the width between them, "
-                          "so that their concatenation is d_model wide again."),
         Choice("12", False, "That would give every head the full width, as if each had its own "
                             "d_model x d_model projection. Standard multi-head attention splits the "
                             "width instead, which keeps the parameter count at 4 d_model^2 whatever H is."),
         Choice("36", False, "That multiplies instead of dividing: three heads of width 12 would "
                             "concatenate to 36 columns, not to d_model = 12."),
+        Choice("4", True, "d_k = d_model / H = 12 / 3 = 4: the heads split the width between them, "
+                          "so that their concatenation is d_model wide again."),
         Choice("3", False, "3 is the number of heads H, not the width of each one."),
     ),
 ))
@@ -91,14 +91,14 @@ _add(Question(
     id="02.why_heads",
     prompt="Why can H heads of width d_model / H express more than one head of width d_model?",
     choices=(
+        Choice("They have more parameters.", False,
+               "At a fixed d_model they have exactly as many: d_model^2 per projection and "
+               "4 d_model^2 for Q, K, V and O, whatever H is (notebook 02 counts them)."),
         Choice("Each head has its own softmax over its own subspace of features, so for the same "
                "query different heads can attend to different tokens at once.", True,
                "One softmax gives one pattern of who-attends-to-whom per query; H heads give H "
                "patterns (for example one following coreference, another the verb's object), "
                "and W_o combines them."),
-        Choice("They have more parameters.", False,
-               "At a fixed d_model they have exactly as many: d_model^2 per projection and "
-               "4 d_model^2 for Q, K, V and O, whatever H is (notebook 02 counts them)."),
         Choice("Each head reads a different part of the sentence.", False,
                "Every head sees every token. What differs is the slice of features each head "
                "projects to, not the positions it reads."),
@@ -113,9 +113,6 @@ _add(Question(
     id="02.shape_before_wo",
     prompt="x has shape (N, d_model). What is the shape of the matrix that W_o multiplies?",
     choices=(
-        Choice("(N, d_model)", True,
-               "The H head outputs, each (N, d_head), are concatenated side by side: "
-               "H * d_head = d_model columns, one row per token."),
         Choice("(H, N, d_head)", False,
                "That is the stack of head outputs before merging. W_o is (d_model, d_model), so "
                "the heads are first transposed back to (N, H, d_head) and reshaped to (N, d_model)."),
@@ -124,6 +121,9 @@ _add(Question(
         Choice("(N, N)", False,
                "That is the shape of one head's attention weights, which multiply the values; "
                "W_o multiplies the concatenated head outputs."),
+        Choice("(N, d_model)", True,
+               "The H head outputs, each (N, d_head), are concatenated side by side: "
+               "H * d_head = d_model columns, one row per token."),
     ),
 ))
 
@@ -132,12 +132,12 @@ _add(Question(
     prompt="d_model = 64. How many weights do W_q, W_k, W_v and W_o (no bias) hold with H = 8, "
            "compared with H = 1?",
     choices=(
-        Choice("The same: 16,384 in both cases", True,
-               "Each projection is H blocks of d_model x d_head = d_model x d_model = 4,096 weights; "
-               "four projections make 16,384 whatever H is."),
         Choice("8 times as many with H = 8", False,
                "That would be true if every head kept the full width d_model. The heads share "
                "the width: d_head = 64 / 8 = 8."),
+        Choice("The same: 16,384 in both cases", True,
+               "Each projection is H blocks of d_model x d_head = d_model x d_model = 4,096 weights; "
+               "four projections make 16,384 whatever H is."),
         Choice("8 times fewer with H = 8", False,
                "Each head is 8 times narrower, but there are 8 of them: the total is unchanged."),
     ),
@@ -147,9 +147,6 @@ _add(Question(
     id="02.wrong_split",
     prompt="Q has shape (B, N, d_model). Which line splits it into heads correctly?",
     choices=(
-        Choice("Q.reshape(B, N, H, d_head).transpose(0, 2, 1, 3)", True,
-               "Reshape keeps each token's row together and cuts it into H pieces; the transpose "
-               "then moves the head axis in front of the positions: (B, H, N, d_head)."),
         Choice("Q.reshape(B, H, N, d_head)", False,
                "It has the right shape but the wrong contents: reshape reads memory in order, so "
                "'head 0' gets the first N * d_head numbers, which are whole rows of the first "
@@ -157,6 +154,9 @@ _add(Question(
         Choice("Q.transpose(0, 2, 1).reshape(B, H, N, d_head)", False,
                "Transposing first puts features before positions; the reshape then cuts across "
                "tokens and features. The shape fits, the values do not."),
+        Choice("Q.reshape(B, N, H, d_head).transpose(0, 2, 1, 3)", True,
+               "Reshape keeps each token's row together and cuts it into H pieces; the transpose "
+               "then moves the head axis in front of the positions: (B, H, N, d_head)."),
     ),
 ))
 

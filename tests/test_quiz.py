@@ -66,7 +66,8 @@ def test_wrong_split_answer_really_is_the_only_correct_split():
 
 def test_answers_by_letter_text_or_index_agree():
     q = QUESTIONS["02.d_head"]
-    assert grade_answer("02.d_head", "a") == grade_answer(q, 0) == grade_answer(q, "4")
+    assert grade_answer("02.d_head", "c") == grade_answer(q, 2) == grade_answer(q, "4")
+    assert grade_answer(q, "C").correct and q.answer == 2
     assert grade_answer(q, "B").correct is False
 
 
@@ -108,7 +109,7 @@ def test_quiz_widget_buttons_give_feedback():
     assert [b.description for b in buttons] == ["A", "B", "C", "D"]
     buttons[1].click()
     assert "Not quite" in feedback.value and buttons[1].button_style == "warning"
-    buttons[0].click()
-    assert "Correct" in feedback.value and buttons[0].button_style == "success"
+    buttons[2].click()  # "4"
+    assert "Correct" in feedback.value and buttons[2].button_style == "success"
     assert buttons[1].button_style == ""
     assert len(quiz("02").children) == len(questions("02"))

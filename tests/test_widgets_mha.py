@@ -247,3 +247,25 @@ def test_mosaic_draws_masked_cells_grey_and_refuses_bad_panels():
         common.matrix_mosaic([])
     with pytest.raises(ValueError, match="2-D matrix"):
         common.matrix_mosaic([common.Panel(np.zeros(3))])
+
+
+def test_block_diagram_names_every_head_and_refuses_bad_sizes():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mhalib.plots import mha_diagram
+
+    fig = mha_diagram(num_heads=4, d_model=8)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert sum(t.startswith("head ") for t in texts) == 4
+    assert any("(8, 2)" in t for t in texts)  # W_q of one head: (d_model, d_k)
+    plt.close(fig)
+    fig = mha_diagram(num_heads=8, d_model=64)  # drawn as heads 0, 1, ..., 7
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert [t.split(":")[0] for t in texts if t.startswith("head ")] == ["head 0", "head 1", "head 7"]
+    assert "..." in texts
+    plt.close(fig)
+    with pytest.raises(ValueError, match="not divisible"):
+        mha_diagram(num_heads=7, d_model=64)
