@@ -39,19 +39,30 @@ def write_results(path, results):
     _write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
-def append_csv(path, results):
-    path = Path(path)
-    new = not path.exists() or path.stat().st_size == 0
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        if new:
-            writer.writerow(CSV_HEADER)
-        for r in results:
-            checks = "; ".join(f"{c.name}={c.score:g}/{c.max_score:g}" for c in r.checks)
-            writer.writerow([r.path, r.exercise or "", f"{r.score:g}", f"{r.max_score:g}", checks,
-                             r.seed, f"{r.seconds:.2f}"])
+def read_existing(path):
+    """The CSV as it was before grading (read first, so nothing a submission writes survives)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def append_csv(path, results, before=""):
+    """Rewrite ``path`` as ``before`` plus one row per submission (header when new)."""
+    import io
+
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    if not before.strip():
+        before = ""
+        writer.writerow(CSV_HEADER)
+    elif not before.endswith("\n"):
+        before += "\n"
+    for r in results:
+        checks = "; ".join(f"{c.name}={c.score:g}/{c.max_score:g}" for c in r.checks)
+        writer.writerow([r.path, r.exercise or "", f"{r.score:g}", f"{r.max_score:g}", checks,
+                         r.seed, f"{r.seconds:.2f}"])
+    _write_atomic(path, before + buf.getvalue())
 
 
 def main(argv=None):
@@ -75,6 +86,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1; got {args.jobs}")
+    csv_before = read_existing(args.csv) if args.csv else ""
     limits = Limits(memory_mb=args.memory_mb, call_timeout_s=args.timeout, cell_timeout_s=args.cell_timeout)
 
     def one(path):
@@ -96,7 +108,7 @@ def main(argv=None):
     if args.results:
         write_results(args.results, results)
     if args.csv:
-        append_csv(args.csv, results)
+        append_csv(args.csv, results, csv_before)
     return 0
 
 

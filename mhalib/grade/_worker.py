@@ -142,7 +142,7 @@ def _where(tb, label_prefix="<cell"):
 
 def _describe(exc):
     if isinstance(exc, SystemExit):
-        return "called sys.exit() / exit()"
+        return "SystemExit (sys.exit() or exit() was called)"
     if isinstance(exc, KeyboardInterrupt):
         return "was interrupted (KeyboardInterrupt)"
     text = str(exc)

@@ -41,6 +41,15 @@ ALWAYS_ALLOWED = ("mhalib.grade.", "mhalib.check.", "mhalib.validation.", "mhali
                   "mhalib.widgets.")
 
 
+# How a forbidden callable is named in feedback (the public name, not where it lives).
+FRIENDLY_NAMES = {
+    "torch._C._nn.scaled_dot_product_attention": "torch.nn.functional.scaled_dot_product_attention",
+    "torch.nn.modules.activation.MultiheadAttention.forward": "torch.nn.MultiheadAttention",
+    "torch.nn.modules.activation.MultiheadAttention.__init__": "torch.nn.MultiheadAttention",
+    "torch.nn.functional.multi_head_attention_forward": "torch.nn.MultiheadAttention",
+}
+
+
 class Tripwire:
     """Record calls to forbidden callables while the learner's function runs.
 
@@ -86,6 +95,7 @@ class Tripwire:
         return name in self.exact or name.startswith(self.prefixes)
 
     def _record(self, name):
+        name = FRIENDLY_NAMES.get(name, name)
         if name not in self.hits and len(self.hits) < 10:
             self.hits.append(name)
 

@@ -187,7 +187,10 @@ def grade_function(sandbox, graded, rng):
             stop = f"{name} is not written yet (it raises NotImplementedError)"
             break
         if outcome.status == "grading_error":
-            stop = outcome.message
+            # missing function, wrong signature, input changed in place, wrong kind of
+            # object: the function as a whole does not do what the exercise asks
+            stop = f"{outcome.message}. Score 0 for this function."
+            passed = 0
             break
         if outcome.status == "exception":
             where = f" at {outcome.where}" if outcome.where else ""

@@ -35,6 +35,7 @@ class Limits:
     call_timeout_s: float = 10.0  # wall clock per graded call
     cell_timeout_s: float = 60.0  # wall clock per notebook cell
     start_timeout_s: float = 60.0  # wall clock to start the child
+    drop_privileges: bool = True  # when the grader runs as root, run the child as nobody
 
 
 @dataclass
@@ -51,6 +52,10 @@ class CallOutcome:
     hits: list = field(default_factory=list)
     tampered: bool = False
     output_dropped: int = 0
+
+
+NOBODY = 65534
+_DROP_WORKS = None  # learnt once per grader process: can the child run as nobody here?
 
 
 class Sandbox:
@@ -72,6 +77,7 @@ class Sandbox:
         self.cell_errors = {}  # index -> [messages]
         self.notes = []
         self.restarts = 0
+        self.dropped_privileges = False
 
     # -- life cycle -------------------------------------------------------------
     def _env(self, home):
@@ -93,13 +99,16 @@ class Sandbox:
         }
         return env
 
-    def start(self):
-        """Start the child and run the cells; returns self."""
-        self.close()
+    def _spawn(self, drop):
         self.tmp = tempfile.mkdtemp(prefix="mhalib-grade-")
         work = os.path.join(self.tmp, "work")
         os.mkdir(work)
-        log = os.path.join(self.tmp, "output.log")
+        log = os.path.join(work, ".output.log")
+        extra = {}
+        if drop:
+            for path in (self.tmp, work):
+                os.chown(path, NOBODY, NOBODY)
+            extra = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-m", "mhalib.grade._worker", log],
             stdin=subprocess.PIPE,
@@ -109,10 +118,31 @@ class Sandbox:
             env=self._env(work),
             start_new_session=True,  # its own process group: killed as a whole
             close_fds=True,
+            **extra,
         )
-        reply = self._request({"op": "init", "preload": self.preload}, (), self.limits.start_timeout_s)
+        return self._request({"op": "init", "preload": self.preload}, (), self.limits.start_timeout_s)
+
+    def start(self):
+        """Start the child and run the cells; returns self."""
+        global _DROP_WORKS
+        self.close()
+        drop = (self.limits.drop_privileges and hasattr(os, "geteuid") and os.geteuid() == 0
+                and _DROP_WORKS is not False)
+        try:
+            reply = self._spawn(drop)
+        except OSError:
+            reply = "died"
+        if drop and not isinstance(reply, tuple):
+            # the interpreter or the course is not readable by nobody here: run as this user
+            _DROP_WORKS = False
+            self.close()
+            drop = False
+            reply = self._spawn(False)
+        elif drop:
+            _DROP_WORKS = True
+        self.dropped_privileges = drop
         if not isinstance(reply, tuple):
-            self.notes.append("the grading process could not start")
+            self.notes.append(f"the grading process could not start ({self._last_failure})")
             return self
         for index, source in self.cells:
             if index in self.skip:

@@ -19,6 +19,10 @@ def softmax(x, axis=-1):
     return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
 
 
+def causal_mask(n):
+    return np.where(np.triu(np.ones((n, n), dtype=bool), k=1), -np.inf, 0.0)
+
+
 def sdpa(q, k, v, mask=None, *, scale="sqrt_dk", axis=-1, use_mask=True):
     """Scaled dot-product attention with one mistake switched on."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))

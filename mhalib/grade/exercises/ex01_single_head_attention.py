@@ -115,7 +115,8 @@ def judge_sdpa(case, got):
         ])
         if better:
             return better
-        if (isinstance(weights, np.ndarray) and weights.shape == w_exp.shape and weights.dtype.kind == "f"
+        if (isinstance(weights, np.ndarray) and weights.shape == w_exp.shape
+                and weights.dtype in (np.float32, np.float64)
                 and np.isfinite(weights).all()
                 and not np.allclose(weights.astype(np.float64).sum(-1), 1.0, atol=1e-4)):
             return "weights rows do not sum to 1: apply the softmax over the last axis (the keys)"
@@ -127,7 +128,7 @@ def judge_sdpa(case, got):
 
 
 _SDPA_FORBIDDEN = (*NUMPY_ATTENTION_FORBIDDEN, *TORCH_ATTENTION_FORBIDDEN,
-                   "mhalib.np_attention.softmax")
+                   "mhalib.np_attention.scaled_dot_product_attention", "mhalib.np_attention.softmax")
 
 EXERCISE = Exercise(
     key=KEY,
