@@ -213,8 +213,15 @@ def _call_function(ns, name, args, kwargs, params, tripwire):
     _check_binds(fn, name, args, kwargs, params.get("signature", name))
     kept = (list(args), dict(kwargs))
     args, kwargs = _copy_args(args, kwargs)
+    call_args = list(args)
+    torch_args = params.get("torch_args") or ()
+    if torch_args:  # a torch exercise: these arguments arrive as tensors (sharing the copies' memory)
+        torch = _torch()
+        for i in torch_args:
+            if i < len(call_args) and isinstance(call_args[i], np.ndarray):
+                call_args[i] = torch.from_numpy(call_args[i])
     with tripwire:
-        result = fn(*args, **kwargs)
+        result = fn(*call_args, **kwargs)
     labels = params.get("arg_names", [])
     given = [(labels[i] if i < len(labels) else f"argument {i + 1}", a, b)
              for i, (a, b) in enumerate(zip(args, kept[0]))]
@@ -359,7 +366,7 @@ def call(adapter, ns, name, args, kwargs, params, forbidden=()):
     whether tracing was switched off. Raises :class:`GradingError` for a call that could
     not be made as the exercise asks, or whatever the learner's code raised.
     """
-    if adapter.startswith("torch"):
+    if adapter.startswith("torch") or params.get("torch_args"):
         capture_torch()
     tripwire = Tripwire(forbidden)
     result = ADAPTERS[adapter](ns, name, list(args), dict(kwargs), params, tripwire)
