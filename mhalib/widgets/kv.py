@@ -1,0 +1,152 @@
+"""KV-cache explorer: how many bytes decoding keeps, for real models, context lengths and KV heads.
+
+* :func:`render_kv` (plain function): a model from :data:`mhalib.kv_cache.MODEL_CONFIGS`,
+  a context length and a number of KV heads g give the cache size per token and per
+  sequence, and a plot of cache size against context length for every model.
+* :func:`kv_explorer`: the sliders.
+
+The number of KV heads may differ from the model's own: "what if Llama-2-7B used
+GQA-8?" g must divide the model's H query heads; any other value gets a message that
+says which values work. Render functions never raise.
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+
+from mhalib.kv_cache import MODEL_CONFIGS, format_bytes, kv_cache_bytes
+from mhalib.validation import divisors
+from mhalib.widgets.common import View, choice_slider, connect, explorer_box, message, safe_render, show_view
+
+__all__ = ["CONTEXT_OPTIONS", "DTYPE_BYTES", "render_kv", "kv_explorer"]
+
+#: The context lengths the slider offers (tokens).
+CONTEXT_OPTIONS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+#: Bytes per element of the cache for each storage type.
+DTYPE_BYTES = {"fp32": 4, "fp16 / bf16": 2, "int8": 1}
+
+
+def _render_kv(context_length, num_kv_heads, model="Llama-2-7B", dtype="fp16 / bf16", batch_size=1):
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    if model not in MODEL_CONFIGS:
+        return message(f"Unknown model {model!r}; choose one of {', '.join(MODEL_CONFIGS)}.")
+    if dtype not in DTYPE_BYTES:
+        return message(f"Unknown storage type {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}.")
+    c = MODEL_CONFIGS[model]
+    h = c["num_heads"]
+    for name, value in (("context length", context_length), ("KV heads", num_kv_heads), ("batch", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            return message(f"The {name} must be a whole number of at least 1; got {value!r}.")
+    g, n, b = int(num_kv_heads), int(context_length), int(batch_size)
+    if h % g:
+        return message(
+            f"{model} has H = {h} query heads, which cannot be split into g = {g} equal groups: "
+            f"each KV head serves H / g query heads, so g must divide H. "
+            f"Choose g from {', '.join(map(str, divisors(h)))}.", model=model, num_heads=h, num_kv_heads=g)
+    bpe = DTYPE_BYTES[dtype]
+    per_token = kv_cache_bytes(c["num_layers"], g, c["head_dim"], 1, bytes_per_element=bpe)
+    total = kv_cache_bytes(c["num_layers"], g, c["head_dim"], n, batch_size=b, bytes_per_element=bpe)
+    own = kv_cache_bytes(c["num_layers"], c["num_kv_heads"], c["head_dim"], n, batch_size=b, bytes_per_element=bpe)
+    kind = "MHA" if g == h else ("MQA" if g == 1 else f"GQA-{g}")
+    text = (
+        f"<p><b>{html.escape(model)}</b> ({c['num_layers']} layers, H = {h}, d_head = {c['head_dim']}) "
+        f"with <b>g = {g}</b> KV head{'s' if g > 1 else ''} ({kind}; the released model has g = {c['num_kv_heads']}).<br>"
+        f"Cache = 2 x layers x g x d_head x bytes = 2 x {c['num_layers']} x {g} x {c['head_dim']} x {bpe} "
+        f"= <b>{format_bytes(per_token)} per token</b>; at {n:,} tokens"
+        + (f" x batch {b}" if b > 1 else "")
+        + f": <b>{format_bytes(total)}</b>"
+        + ("" if g == c["num_kv_heads"] else f" (the released g = {c['num_kv_heads']}: {format_bytes(own)})")
+        + f".<br>Compared with MHA (g = H = {h}) the cache is {h // g}x smaller.</p>"
+    )
+
+    fig = Figure(figsize=(7.0, 3.6), dpi=80, layout="constrained")
+    ax = fig.add_subplot()
+    ns = np.array(CONTEXT_OPTIONS, dtype=float)
+    names = list(MODEL_CONFIGS)
+    colours = [colormaps["viridis"](i / max(len(names) - 1, 1)) for i in range(len(names))]
+    for name, colour in zip(names, colours):
+        m = MODEL_CONFIGS[name]
+        per = kv_cache_bytes(m["num_layers"], m["num_kv_heads"], m["head_dim"], 1, batch_size=b,
+                             bytes_per_element=bpe)
+        ax.plot(ns, ns * per / 2**30, color=colour, lw=1.2, alpha=0.8,
+                label=f"{name} (g = {m['num_kv_heads']})")
+    ax.plot(ns, ns * per_token * b / 2**30, color="black", lw=2.5, ls="--",
+            label=f"{model} with g = {g}")
+    ax.plot([n], [total / 2**30], "o", color="black", ms=8)
+    ax.annotate(format_bytes(total), (n, total / 2**30), textcoords="offset points", xytext=(6, -12))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_locator(LogLocator(base=4))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: format_bytes(y * 2**30)))
+    ax.set_xticks(ns, [f"{int(x) // 1024}k" if x >= 1024 else str(int(x)) for x in ns])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel(f"KV cache ({dtype}" + (f", batch {b})" if b > 1 else ")"))
+    ax.set_title("KV-cache size grows linearly with context; fewer KV heads shift the line down")
+    ax.title.set_fontsize(10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    data = dict(model=model, num_heads=h, num_kv_heads=g, context_length=n, batch_size=b,
+                bytes_per_element=bpe, bytes_per_token=per_token, total_bytes=total, released_bytes=own,
+                reduction=h // g)
+    return View(html=text, figure=fig, ok=True, data=data)
+
+
+def render_kv(context_length, num_kv_heads, model="Llama-2-7B", dtype="fp16 / bf16", batch_size=1):
+    """What the KV-cache explorer shows for one slider position. Never raises.
+
+    Args:
+        context_length: tokens in the cache.
+        num_kv_heads: g; must divide the model's H (else the view explains which g work).
+        model: a key of :data:`mhalib.kv_cache.MODEL_CONFIGS`.
+        dtype: a key of :data:`DTYPE_BYTES`.
+        batch_size: sequences decoded together.
+
+    Returns:
+        A :class:`~mhalib.widgets.common.View`; ``view.data`` has ``bytes_per_token``,
+        ``total_bytes`` and ``reduction`` (H / g).
+    """
+    return safe_render(_render_kv, context_length, num_kv_heads, model, dtype, batch_size)
+
+
+def _g_options(model):
+    return divisors(MODEL_CONFIGS[model]["num_heads"])
+
+
+def kv_explorer(model="Llama-2-7B", context_length=4096, num_kv_heads=None):
+    """Sliders for the model, the context length, g and the storage type, redrawing :func:`render_kv`.
+
+    The g slider offers only the divisors of the chosen model's H.
+
+    Returns:
+        An ipywidgets ``VBox`` (class ``mhalib-explorer``).
+    """
+    import ipywidgets as w
+
+    g0 = MODEL_CONFIGS[model]["num_kv_heads"] if num_kv_heads is None else num_kv_heads
+    m_pick = w.Dropdown(options=list(MODEL_CONFIGS), value=model, description="model",
+                        style={"description_width": "initial"})
+    n_slider = choice_slider("context length", CONTEXT_OPTIONS, context_length)
+    g_slider = choice_slider("g (KV heads)", _g_options(model), g0)
+    t_pick = w.Dropdown(options=list(DTYPE_BYTES), value="fp16 / bf16", description="storage",
+                        style={"description_width": "initial"})
+    controls = [m_pick, n_slider, g_slider, t_pick]
+    box, msg, out = explorer_box(controls, title="KV cache: context length and KV heads")
+
+    def on_model(change):
+        options = _g_options(change["new"])
+        wanted = MODEL_CONFIGS[change["new"]]["num_kv_heads"]
+        g_slider.options = options
+        g_slider.value = wanted
+
+    m_pick.observe(on_model, names="value")
+
+    def redraw():
+        show_view(render_kv(n_slider.value, g_slider.value, m_pick.value, t_pick.value), msg, out)
+
+    connect(controls, redraw)
+    return box
