@@ -476,7 +476,7 @@ class NotebookPage:
         return self.problems() + self.explorer_problems()
 
     def screenshot(self, path: Path, explorer: int | None = None, *,
-                   max_height: int = 12_000) -> Path:
+                   max_height: int = 16_000) -> Path:
         """The whole notebook as one tall image, or one explorer (``explorer`` index)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         if explorer is not None:
@@ -493,7 +493,11 @@ class NotebookPage:
         tall = min(max(viewport["height"], height + 200), max_height)
         try:
             self.page.set_viewport_size({"width": viewport["width"], "height": tall})
-            self.page.wait_for_timeout(400)
+            # Run All leaves the notebook scrolled to its end: start from the top.
+            self.page.evaluate(
+                "() => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) "
+                ".jp-WindowedPanel-outer').forEach((e) => { e.scrollTop = 0; })")
+            self.page.wait_for_timeout(500)
             self.page.screenshot(path=str(path))
         finally:
             self.page.set_viewport_size(viewport)
@@ -512,29 +516,77 @@ class NotebookPage:
         before = before_ex["signature"]
         label = before_ex["sliders"][slider]["label"]
         value_before = before_ex["sliders"][slider]["value"]
+        shown_before = before_ex["sliders"][slider]["readout"] or value_before
         handle = self._handle(explorer, slider)
         handle.scroll_into_view_if_needed()
         handle.focus()
         handle.press(key)
         value_after = self.explorers()[explorer]["sliders"][slider]["value"]
-        deadline = time.monotonic() + timeout
-        after = before
-        if value_after != value_before:
-            # The value moved: the kernel must redraw (busy, then idle).
-            while time.monotonic() < deadline:
-                after = self.explorers()[explorer]["signature"]
-                if after != before:
-                    break
-                time.sleep(0.2)
-        self.wait_kernel_idle(max(5.0, deadline - time.monotonic()), settle=0.4)
-        self.wait_widgets_rendered()
-        after = self.explorers()[explorer]["signature"]
-        move = Move(explorer, label, key, f"{label}={value_before}", f"{label}={value_after}",
-                    after != before, self.all_problems())
+        now = self._wait_redraw(explorer, before, value_after != value_before, timeout)
+        shown_after = now["sliders"][slider]["readout"] or value_after
+        move = Move(explorer, label, key, f"{label}={shown_before}", f"{label}={shown_after}",
+                    now["signature"] != before, self.all_problems())
         if expect_change and value_after == value_before:
             raise AssertionError(f"{self.relpath}: pressing {key} on slider {label!r} "
                                  f"(explorer {explorer + 1}) did not move it from {value_before}")
         return move
+
+    def _wait_redraw(self, explorer: int, before: str, moved: bool, timeout: float) -> dict:
+        """After a control changed, wait for the explorer to redraw and the kernel to settle."""
+        deadline = time.monotonic() + timeout
+        if moved:  # the kernel must redraw (busy, then idle)
+            while time.monotonic() < deadline:
+                if self.explorers()[explorer]["signature"] != before:
+                    break
+                time.sleep(0.1)
+        self.wait_kernel_idle(max(5.0, deadline - time.monotonic()), settle=0.25)
+        self.wait_widgets_rendered()
+        return self.explorers()[explorer]
+
+    def use_other_controls(self, explorer: int, timeout: float = 60.0) -> list[Move]:
+        """Toggle each checkbox, pick another option in each drop-down, click each button.
+
+        Sliders are the main subject; these are used once each, checking only that
+        nothing breaks (a button may legitimately leave the figure as it was).
+        """
+        moves = []
+        box = self.page.locator(".jp-Notebook .mhalib-explorer").nth(explorer)
+        controls = [(".widget-checkbox input[type=checkbox]", "check"),
+                    (".widget-dropdown select", "select"),
+                    ("button.jupyter-button", "click")]
+        for selector, how in controls:
+            for k in range(box.locator(selector).count()):
+                el = box.locator(selector).nth(k)
+                # Only the explorer's own controls, not widgets inside its output.
+                if el.evaluate("(e) => !!e.closest('.mhalib-explorer-output') || e.disabled"):
+                    continue
+                before = self.explorers()[explorer]["signature"]
+                el.scroll_into_view_if_needed()
+                if how == "check":
+                    name = " ".join(el.evaluate(
+                        "(e) => (e.closest('.widget-checkbox') || e).innerText")
+                        .replace("\u200b", " ").split()) or "checkbox"
+                    was = el.is_checked()
+                    el.click()
+                    what = (f"{name}={'on' if was else 'off'}", f"{name}={'off' if was else 'on'}")
+                elif how == "select":
+                    options = el.evaluate("(e) => [...e.options].map((o) => o.value)")
+                    if len(options) < 2:
+                        continue
+                    was = el.input_value()
+                    new = options[(options.index(was) + 1) % len(options)] if was in options else options[0]
+                    el.select_option(new)
+                    name = el.evaluate("(e) => { const l = e.closest('.widget-dropdown')"
+                                       ".querySelector('.widget-label'); return l ? l.innerText.trim() : ''; }")
+                    what = (f"{name}={was}", f"{name}={new}")
+                else:
+                    name = el.inner_text().strip() or el.get_attribute("title") or "button"
+                    el.click()
+                    what = (f"button {name}", "clicked")
+                now = self._wait_redraw(explorer, before, False, timeout)
+                moves.append(Move(explorer, name, how, what[0], what[1],
+                                  now["signature"] != before, self.all_problems()))
+        return moves
 
 
 def _slug(text: str) -> str:
@@ -553,27 +605,30 @@ class NotebookReport:
 
     def summary(self) -> str:
         lines = [f"{self.relpath}: run all {self.run_seconds:.1f} s, {self.explorers} explorer(s), "
-                 f"{len(self.moves)} slider move(s)"]
+                 f"{len(self.moves)} move(s)"]
         lines += [f"  explorer {m.explorer + 1}: {m.key:10s} {m.before} -> {m.after}"
                   f" ({'redrawn' if m.changed else 'unchanged'})" for m in self.moves]
         return "\n".join(lines)
 
 
 # Keys pressed on each slider, in order; the first must move it and redraw the figure.
-FULL_PLAN = ("first", "End", "Home", "ArrowRight", "ArrowRight")
-QUICK_PLAN = ("first",)
+# "far" is End (Home when the slider starts at its maximum). Ending two steps above the
+# minimum leaves an odd value (e.g. H = 3) while the next slider visits its ends.
+FULL_PLAN = ("far", "Home", "ArrowRight", "ArrowRight")
+QUICK_PLAN = ("ArrowRight",)
 
 
 def check_notebook(nb: NotebookPage, shots: Path, *, require_explorer: bool = True,
-                   plan: tuple = FULL_PLAN) -> NotebookReport:
+                   plan: tuple = FULL_PLAN, other_controls: bool = True) -> NotebookReport:
     """Everything a learner does with a notebook's widgets, checked as they go.
 
     Run all cells; no output may show a traceback, a widget error or a widget as text;
     at least one explorer must be drawn. Then, for every slider of every explorer:
-    one step (the figure or its text must change), the far end (End), the near end
-    (Home) and two steps up from there (``plan``), checking after each move that nothing
-    broke. Ending each slider two steps above its minimum leaves it at an odd value
-    (e.g. H = 3) while the next slider visits its ends (e.g. d_model = 8).
+    the far end (End; the figure or its text must change), the near end (Home) and two
+    arrow steps up from there (``plan``), checking after each move that nothing broke.
+    Ending each slider two steps above its minimum leaves it at an odd value (e.g.
+    H = 3) while the next slider visits its ends (e.g. d_model = 8). Then each
+    checkbox, drop-down and button of the explorer is used once (``other_controls``).
     Screenshots go to ``shots``: the notebook after Run All, each explorer before its
     sliders move and after its first move, and the page at the moment of a failure.
     """
@@ -601,10 +656,14 @@ def check_notebook(nb: NotebookPage, shots: Path, *, require_explorer: bool = Tr
             if sl["disabled"] or sl["value"] is None:
                 continue
             name = _slug(sl["label"]) or f"slider{j + 1}"
-            first = "ArrowLeft" if sl["value"] == sl["max"] else "ArrowRight"
-            for key in plan:
-                is_first = key == "first"
-                key = first if is_first else key
+            at_max = sl["value"] == sl["max"]
+            keys = [("Home" if at_max else "End") if k == "far" else k for k in plan]
+            if at_max and keys[:2] == ["Home", "Home"]:
+                del keys[1]  # it starts at the far end: one move takes it home
+            if at_max and keys[0] == "ArrowRight":
+                keys[0] = "ArrowLeft"  # the first move must move it
+            for n, key in enumerate(keys):
+                is_first = n == 0
                 move = nb.press(i, j, key, expect_change=is_first)
                 report.moves.append(move)
                 if is_first:
@@ -616,4 +675,10 @@ def check_notebook(nb: NotebookPage, shots: Path, *, require_explorer: bool = Tr
                 if is_first and not move.changed:
                     fail(f"moving {move.before} -> {move.after} in explorer {i + 1} did not change "
                          "its figure or text (a redraw that failed silently?)")
+        if other_controls:
+            for move in nb.use_other_controls(i):
+                report.moves.append(move)
+                if move.problems:
+                    fail(f"after {move.key} {move.before} -> {move.after} in explorer {i + 1}:\n"
+                         + "\n".join(move.problems))
     return report

@@ -21,8 +21,8 @@ def test_sound_explorer_passes(lab_page, lab_server, screenshots):
     assert report.explorers == 1
     # Both kinds of slider were found and moved one step (IntSlider, SelectionSlider) ...
     assert [(m.before, m.after) for m in report.moves] == [
-        ("H (heads)=2.0", "H (heads)=3.0"), ("d_model=8.0", "d_model=12.0"),
-        ("context length=1.0", "context length=2.0")]
+        ("H (heads)=2", "H (heads)=3"), ("d_model=8", "d_model=12"),
+        ("context length=4", "context length=8")]
     # ... and each move redrew the figure.
     assert all(m.changed for m in report.moves)
     shots = {p.name for p in report.screenshots}
@@ -45,6 +45,6 @@ def test_broken_explorer_is_caught(lab_page, lab_server, tmp_path):
     assert explorer["images"] == 1 and "Traceback" not in explorer["output_text"]
     # ... until H = 3 meets d_model = 8: the traceback inside its Output is found.
     move = nb.press(0, 0, "ArrowRight", expect_change=True)
-    assert (move.before, move.after) == ("H (heads)=2.0", "H (heads)=3.0")
+    assert (move.before, move.after) == ("H (heads)=2", "H (heads)=3")
     found = "\n".join(move.problems)
     assert "Traceback" in found and "cannot split d_model=8 into H=3 heads" in found
