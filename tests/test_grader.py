@@ -117,3 +117,42 @@ def test_cli_writes_results_and_csv_and_exits_zero(tmp_path):
     assert set(single) >= {"score", "tests"} and all(
         set(t) >= {"name", "score", "max_score", "status", "output"} for t in single["tests"])
     assert len(table.read_text().splitlines()) == 4  # appended, header once
+
+
+def test_gradescope_autograder_zip(tmp_path):
+    """tools/build_autograder.py: a reproducible zip whose entry point grades a submission."""
+    import zipfile
+
+    if not SOLUTIONS:
+        pytest.skip("no solution notebooks yet")
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import build_autograder
+    finally:
+        sys.path.pop(0)
+    first, second = tmp_path / "a.zip", tmp_path / "b.zip"
+    build_autograder.build(first)
+    build_autograder.build(second)
+    assert first.read_bytes() == second.read_bytes(), "the zip must be reproducible"
+    with zipfile.ZipFile(first) as zf:
+        names = set(zf.namelist())
+        assert {"setup.sh", "run_autograder", "grade_submission.py", "mhalib/grade/_worker.py",
+                "requirements/lock.txt"} <= names
+        assert (zf.getinfo("run_autograder").external_attr >> 16) & 0o111
+        assert "/autograder/results/results.json" in zf.read("run_autograder").decode()
+        zf.extractall(tmp_path / "source")
+    submission = tmp_path / "submission"
+    submission.mkdir()
+    (submission / "my_work.ipynb").write_bytes(SOLUTIONS[0].read_bytes())
+    results = tmp_path / "results" / "results.json"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "source")}
+    proc = subprocess.run([sys.executable, "grade_submission.py", str(submission), str(results)],
+                          cwd=tmp_path / "source", env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(results.read_text())
+    assert data["score"] > 0 and all(t["status"] == "passed" for t in data["tests"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = subprocess.run([sys.executable, "grade_submission.py", str(empty), str(results)],
+                          cwd=tmp_path / "source", env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and json.loads(results.read_text())["score"] == 0

@@ -1,7 +1,7 @@
 """The grader's child process: runs a submission's code and calls its graded functions.
 
-Started by :mod:`mhalib.grade.sandbox` as ``python -I -m mhalib.grade._worker LOG``
-in a fresh temporary working directory. It
+Started by :mod:`mhalib.grade.sandbox` as ``python -I -c BOOT PACKAGE_PARENT LOG`` (the
+same mhalib as the grader's, in isolated mode) in a fresh temporary working directory. It
 
 1. takes the protocol pipes from stdin/stdout, points file descriptors 0, 1 and 2
    away from them (stdin to /dev/null, stdout and stderr to LOG), and caps what the

@@ -55,6 +55,11 @@ class CallOutcome:
 
 
 NOBODY = 65534
+# The child runs in isolated mode (-I: no user site, no PYTHON* variables, no current
+# directory on sys.path) and imports the same mhalib as the grader, from where it lives.
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1]; "
+         "from mhalib.grade._worker import main; main(sys.argv)")
 _DROP_WORKS = None  # learnt once per grader process: can the child run as nobody here?
 
 
@@ -110,7 +115,7 @@ class Sandbox:
                 os.chown(path, NOBODY, NOBODY)
             extra = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-m", "mhalib.grade._worker", log],
+            [sys.executable, "-I", "-c", _BOOT, _PACKAGE_PARENT, log],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
