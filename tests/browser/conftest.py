@@ -12,16 +12,46 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from lab_harness import CHROMIUM_ARGS, HOW_TO_ENABLE, LabServer, find_chromium
+from lab_harness import (CHROMIUM_ARGS, HOW_TO_ENABLE, LabextensionList, LabServer,
+                         find_chromium, isolated_jupyter_env)
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
 VIEWPORT = {"width": 1280, "height": 900}
+
+
+_BACKGROUND: dict = {}
+
+
+def pytest_collection_finish(session):
+    """Start `jupyter labextension list` now; its test collects the output later."""
+    if any("test_browser_labextension" in item.nodeid for item in session.items):
+        tmp = tempfile.TemporaryDirectory(prefix="labextension-list-")
+        _BACKGROUND["tmp"] = tmp
+        _BACKGROUND["labextension_list"] = LabextensionList(isolated_jupyter_env(Path(tmp.name)))
+
+
+def pytest_sessionfinish(session):
+    job = _BACKGROUND.pop("labextension_list", None)
+    if job is not None:
+        job.stop()
+    tmp = _BACKGROUND.pop("tmp", None)
+    if tmp is not None:
+        tmp.cleanup()
+
+
+@pytest.fixture(scope="session")
+def labextension_list_text(tmp_path_factory) -> str:
+    """What `jupyter labextension list` prints, with the isolated Jupyter dirs."""
+    job = _BACKGROUND.get("labextension_list") or LabextensionList(
+        isolated_jupyter_env(tmp_path_factory.mktemp("labextension-list")))
+    return job.text()
 
 
 def in_ci() -> bool:

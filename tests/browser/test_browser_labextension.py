@@ -13,11 +13,11 @@ import sys
 from importlib.metadata import requires, version
 from pathlib import Path
 
-from lab_harness import WIDGET_MANAGER, isolated_jupyter_env, labextension_list
+from lab_harness import WIDGET_MANAGER
 
 
-def test_widget_manager_is_listed_enabled_and_ok(tmp_path):
-    text = labextension_list(isolated_jupyter_env(tmp_path))
+def test_widget_manager_is_listed_enabled_and_ok(labextension_list_text):
+    text = labextension_list_text
     lines = [line for line in text.splitlines() if WIDGET_MANAGER in line]
     assert lines, f"{WIDGET_MANAGER} missing from `jupyter labextension list`:\n{text}"
     [line] = lines
