@@ -128,3 +128,100 @@ def test_names_cover_the_exercise_interface():
                  "induction_score", "ablate_head", "kv_cache_bytes", "decode_step",
                  "grouped_query_attention", "multi_query_attention", "mean_pool_kv"):
         assert name in names
+
+
+@pytest.fixture(scope="module")
+def answers():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("answers_mod", Path(__file__).with_name("test_grader_exercises.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def load(key):
+        ns = {}
+        exec(mod.ANSWERS[key], ns)  # noqa: S102 - test code written in this repository
+        return ns
+    return load
+
+
+def test_torch_module_checks(answers, capsys):
+    ns = answers("03_mha_in_pytorch")
+    assert check("MultiHeadAttention", ns["MultiHeadAttention"]) is True
+    assert check("to_torch_mha", ns["to_torch_mha"]) is True
+    capsys.readouterr()
+
+    exec("class Lazy(MultiHeadAttention):\n"  # noqa: S102
+         "    def forward(self, x, causal=False, use_sdpa=False):\n"
+         "        return to_torch_mha(self)(x, x, x, need_weights=False)[0]\n", ns)
+    assert check("MultiHeadAttention", ns["Lazy"]) is False
+    assert "calls torch.nn.MultiheadAttention" in capsys.readouterr().out
+
+    exec("class NoScale(MultiHeadAttention):\n"  # noqa: S102
+         "    def forward(self, x, causal=False, use_sdpa=False):\n"
+         "        b, n, d = x.shape\n"
+         "        split = lambda t: t.reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)\n"
+         "        q, k, v = split(self.W_Q(x)), split(self.W_K(x)), split(self.W_V(x))\n"
+         "        s = q @ k.transpose(-1, -2) / math.sqrt(d)\n"
+         "        return self.W_O((s.softmax(-1) @ v).transpose(1, 2).reshape(b, n, d))\n", ns)
+    assert check("MultiHeadAttention", ns["NoScale"]) is False
+    assert "sqrt(d_model)" in capsys.readouterr().out
+
+    exec("def to_torch_mha_t(module):\n"  # noqa: S102
+         "    mha = to_torch_mha(module)\n"
+         "    with torch.no_grad():\n"
+         "        mha.in_proj_weight.copy_(torch.cat([module.W_Q.weight.T, module.W_K.weight.T, module.W_V.weight.T]))\n"
+         "    return mha\n", ns)
+    assert check("to_torch_mha", ns["to_torch_mha_t"]) is False
+    assert "transposed" in capsys.readouterr().out
+
+
+def test_other_exercises_name_their_mistakes(answers, capsys):
+    ns = answers("04_what_heads_learn")
+    assert check("previous_token_score", ns["previous_token_score"]) is True
+    assert check("induction_score", ns["induction_score"]) is True
+    assert check("ablate_head", ns["ablate_head"]) is True
+    capsys.readouterr()
+
+    def next_token(weights):
+        w = np.asarray(weights, float).reshape((-1,) + np.shape(weights)[-3:])
+        return np.diagonal(w, offset=1, axis1=-2, axis2=-1).mean(axis=(0, 2))
+
+    assert check("previous_token_score", next_token) is False
+    assert "next token" in capsys.readouterr().out
+
+    def ablate_in_place(z, head):
+        z[..., head, :, :] = 0
+        return z
+
+    assert check("ablate_head", ablate_in_place) is False
+    assert "changed its input z in place" in capsys.readouterr().out
+
+    ns = answers("05_kv_cache")
+    assert check("kv_cache_bytes", ns["kv_cache_bytes"]) is True
+    assert check("decode_step", ns["decode_step"]) is True
+    capsys.readouterr()
+    assert check("kv_cache_bytes", lambda *a, **k: ns["kv_cache_bytes"](*a, **k) * 8) is False
+    assert "that is bits" in capsys.readouterr().out
+    assert check("kv_cache_bytes", lambda *a, **k: float(ns["kv_cache_bytes"](*a, **k))) is False
+    assert "not a float" in capsys.readouterr().out
+
+    def no_append(x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads):
+        out, _, _ = ns["decode_step"](x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads)
+        return out, k_cache, v_cache
+
+    assert check("decode_step", no_append) is False
+    assert "append the new token" in capsys.readouterr().out
+
+    ns = answers("07_mha_to_gqa")
+    assert check("mean_pool_kv", ns["mean_pool_kv"]) is True
+    capsys.readouterr()
+
+    def strided(weight, num_heads, num_kv_heads):
+        rows, d = weight.shape
+        dh = rows // num_heads
+        return weight.view(num_heads // num_kv_heads, num_kv_heads, dh, d).mean(dim=0).reshape(-1, d)
+
+    assert check("mean_pool_kv", strided) is False
+    assert "consecutive heads" in capsys.readouterr().out
