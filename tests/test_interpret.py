@@ -1,0 +1,122 @@
+"""Head scores against explicit loops; ablation against zeroed W_O columns."""
+
+import numpy as np
+import pytest
+import torch
+
+from mhalib.interpret import (
+    ablate_head, ablation_hook, ablation_table, duplicate_token_score, head_scores,
+    induction_score, offset_score, previous_token_score,
+)
+from mhalib.tasks import make_generator, variable_offset_task
+from mhalib.transformer import load_pretrained
+
+
+def random_weights(b, h, n, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.random((b, h, n, n)) * np.tri(n)  # causal
+    return w / w.sum(-1, keepdims=True)
+
+
+def loop_induction(w, t, kind):
+    b_, h_, n, _ = w.shape
+    out = np.zeros(h_)
+    count = 0
+    for b in range(b_):
+        for i in range(n):
+            js = [j for j in range(i) if t[b][j] == t[b][i]]
+            if not js:
+                continue
+            count += 1
+            keys = [j + 1 for j in js] if kind == "induction" else js
+            for h in range(h_):
+                out[h] += sum(w[b, h, i, k] for k in keys)
+    return out / count
+
+
+def test_previous_token_score_matches_loop():
+    w = random_weights(3, 4, 9)
+    expected = [np.mean([w[b, h, i, i - 1] for b in range(3) for i in range(1, 9)]) for h in range(4)]
+    np.testing.assert_allclose(previous_token_score(w), expected)
+    np.testing.assert_allclose(previous_token_score(w[0]), previous_token_score(w[:1]))
+    np.testing.assert_allclose(offset_score(w, 3),
+                               [np.mean([w[b, h, i, i - 3] for b in range(3) for i in range(3, 9)]) for h in range(4)])
+
+
+def test_previous_token_score_extremes():
+    n = 6
+    shifted = np.eye(n, k=-1)
+    shifted[0, 0] = 1.0
+    uniform = np.tri(n) / np.arange(1, n + 1)[:, None]
+    w = np.stack([shifted, uniform])  # (2, N, N)
+    np.testing.assert_allclose(previous_token_score(w), [1.0, np.mean(1 / np.arange(2, n + 1))])
+    assert previous_token_score(torch.tensor(w)).shape == (2,)
+
+
+@pytest.mark.parametrize("kind", ["induction", "duplicate"])
+def test_induction_and_duplicate_scores_match_loop(kind):
+    rng = np.random.default_rng(1)
+    t = rng.integers(0, 5, size=(3, 10))  # small vocabulary: many repeats
+    w = random_weights(3, 2, 10, seed=2)
+    fn = induction_score if kind == "induction" else duplicate_token_score
+    np.testing.assert_allclose(fn(w, t), loop_induction(w, t, kind))
+    np.testing.assert_allclose(fn(w[1], t[1]), loop_induction(w[1:2], t[1:2], kind))
+
+
+def test_perfect_induction_head_scores_one():
+    t = np.array([5, 1, 2, 3, 9, 1, 2, 3])
+    w = np.tri(8) / np.arange(1, 9)[:, None]  # uniform everywhere...
+    for i, target in [(5, 2), (6, 3), (7, 4)]:  # ...except the repeats look at what followed
+        w[i] = 0
+        w[i, target] = 1
+    assert induction_score(w[None], t)[0] == pytest.approx(1.0)
+    assert induction_score(w[None], np.arange(8))[0] == 0.0  # nothing repeats
+
+
+def test_score_input_errors():
+    with pytest.raises(ValueError, match="weights"):
+        previous_token_score(np.ones((4, 3)))
+    with pytest.raises(ValueError, match="tokens"):
+        induction_score(np.ones((2, 4, 4)), np.arange(5))
+    with pytest.raises(ValueError, match="offset"):
+        offset_score(np.ones((2, 4, 4)), 4)
+
+
+def test_ablate_head_numpy_and_torch():
+    z = np.arange(2 * 3 * 4 * 2, dtype=float).reshape(2, 3, 4, 2) + 1
+    out = ablate_head(z, 1)
+    assert (out[:, 1] == 0).all() and np.array_equal(out[:, [0, 2]], z[:, [0, 2]])
+    assert (z != 0).all()  # the input is unchanged
+    zt = torch.tensor(z)
+    out_t = ablate_head(zt, [0, 2])
+    assert (out_t[:, [0, 2]] == 0).all() and torch.equal(out_t[:, 1], zt[:, 1])
+    assert bool((zt != 0).all())
+    with pytest.raises(ValueError, match="0 .. 2"):
+        ablate_head(z, 3)
+    with pytest.raises(ValueError):
+        ablate_head(np.ones(4), 0)
+
+
+def test_ablation_hook_equals_zeroed_output_columns():
+    model, _ = load_pretrained()
+    tokens, _ = variable_offset_task().sample(4, make_generator(0))
+    layer, head, d = 1, 2, model.config.head_dim
+    hooked = model(tokens, z_hook=ablation_hook(layer, head))
+    with torch.no_grad():
+        model.layers[layer].attn.o_proj.weight[:, head * d:(head + 1) * d] = 0
+    torch.testing.assert_close(hooked, model(tokens), atol=1e-5, rtol=1e-5)
+
+
+def test_shipped_model_has_the_circuit():
+    model, meta = load_pretrained()
+    tokens, _ = variable_offset_task().sample(128, make_generator(7))
+    scores = head_scores(model, tokens)
+    assert scores["previous"].shape == (2, 4)
+    assert scores["previous"][0].max() >= 0.5
+    assert scores["induction"][1].max() >= 0.8
+    rows = ablation_table(model, batch_size=256)
+    base = rows[0]
+    assert base["accuracy"] >= 0.9
+    prev_head = int(scores["previous"][0].argmax())
+    ablated = next(r for r in rows if r["layer"] == 0 and r["head"] == prev_head)
+    assert ablated["loss"] > base["loss"] + 1.0

@@ -1,0 +1,137 @@
+"""The toy transformer against torch's own attention, its hooks, and checkpoints."""
+
+import pytest
+import torch
+from torch import nn
+
+from mhalib.attention import GroupedQueryAttention
+from mhalib.transformer import (
+    ToyConfig, ToyTransformer, load_checkpoint, load_pretrained, save_checkpoint,
+)
+
+
+def small_model(seed=0, **kw):
+    torch.manual_seed(seed)
+    model = ToyTransformer(ToyConfig(**kw))
+    with torch.no_grad():  # larger weights than the init so that every test sees sharp patterns
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return model.eval()
+
+
+def tokens(b=3, n=32, seed=1):
+    return torch.randint(0, 64, (b, n), generator=torch.Generator().manual_seed(seed))
+
+
+def test_layers_are_mhalib_gqa():
+    model = small_model(num_kv_heads=2)
+    assert all(isinstance(layer.attn, GroupedQueryAttention) for layer in model.layers)
+    assert model.layers[0].attn.k_proj.weight.shape == (2 * 16, 64)
+
+
+def test_layer_matches_nn_multiheadattention_with_positions_on_q_and_k():
+    model = small_model()
+    layer, pos = model.layers[0], model.pos
+    a = layer.attn
+    x = torch.randn(2, 32, 64)
+    ref = nn.MultiheadAttention(64, 4, bias=False, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
+        ref.out_proj.weight.copy_(a.o_proj.weight)
+    causal = torch.triu(torch.ones(32, 32, dtype=torch.bool), diagonal=1)  # True = blocked
+    expected, expected_w = ref(x + pos, x + pos, x, attn_mask=causal, average_attn_weights=False)
+    got, got_w = layer(x, pos, need_weights=True)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_w, expected_w, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(layer(x, pos), expected, atol=1e-5, rtol=1e-5)  # the fused path
+
+
+def test_gqa_model_equals_mha_model_with_repeated_kv_heads():
+    gqa = small_model(num_kv_heads=2)
+    mha = ToyTransformer(ToyConfig())
+    state = gqa.state_dict()
+    for key, w in list(state.items()):
+        if key.endswith(("k_proj.weight", "v_proj.weight")):
+            state[key] = w.view(2, 16, 64).repeat_interleave(2, dim=0).reshape(64, 64)  # head h reads h // 2
+    mha.load_state_dict(state)
+    t = tokens()
+    torch.testing.assert_close(gqa(t), mha.eval()(t), atol=1e-5, rtol=1e-5)
+
+
+def test_weights_are_causal_rows_summing_to_one():
+    model = small_model()
+    with torch.no_grad():
+        logits, w = model(tokens(), return_weights=True)
+    assert logits.shape == (3, 32, 64) and w.shape == (3, 2, 4, 32, 32)
+    torch.testing.assert_close(w.sum(-1), torch.ones(3, 2, 4, 32))
+    assert float(w.triu(diagonal=1).abs().max()) == 0.0
+    with torch.no_grad():  # the fused path (no weights) agrees with the explicit one
+        torch.testing.assert_close(model(tokens()), logits, atol=1e-4, rtol=1e-4)
+
+
+def test_positions_do_not_reach_the_values():
+    """With attention forced uniform (q = 0), the output cannot depend on positions."""
+    model = small_model()
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.attn.q_proj.weight.zero_()
+    before = model(tokens())
+    with torch.no_grad():
+        model.pos.normal_(0, 5.0)
+    torch.testing.assert_close(model(tokens()), before)
+
+
+def test_z_hook_identity_and_zero_all_heads():
+    model = small_model()
+    t = tokens()
+    torch.testing.assert_close(model(t, z_hook=lambda i, z: z), model(t))
+    direct = model.unembed(model.embed(t))  # (B, N, V): the residual stream without attention
+    torch.testing.assert_close(model(t, z_hook=lambda i, z: torch.zeros_like(z)), direct)
+
+
+def test_default_init_is_small():
+    torch.manual_seed(0)
+    model = ToyTransformer()
+    stds = [float(p.detach().std()) for p in model.parameters()]
+    assert all(0.015 < s < 0.025 for s in stds)
+    assert sum(p.numel() for p in model.parameters()) == 64 * 64 * 2 + 32 * 64 + 2 * 4 * 64 * 64
+
+
+def test_checkpoint_round_trip(tmp_path):
+    model = small_model(num_layers=1, num_kv_heads=1)
+    path = save_checkpoint(model, tmp_path / "m", seed=3, note="x")
+    assert path.suffix == ".pt" and (tmp_path / "m.json").exists()
+    loaded, meta = load_checkpoint(tmp_path / "m.pt")
+    assert meta["seed"] == 3 and meta["config"]["num_layers"] == 1
+    assert loaded.config == model.config
+    torch.testing.assert_close(loaded(tokens()), model(tokens()), rtol=0, atol=0)
+
+
+def test_shipped_checkpoint_loads():
+    model, meta = load_pretrained()
+    assert model.config == ToyConfig()
+    assert {"seed", "steps", "batch_size", "lr"} <= set(meta)
+    assert not model.training
+
+
+@pytest.mark.parametrize("bad", [
+    lambda m: m(torch.zeros(2, 33, dtype=torch.long)),
+    lambda m: m(torch.zeros(2, 8)),
+    lambda m: m(torch.zeros(8, dtype=torch.long)),
+])
+def test_bad_tokens_raise(bad):
+    with pytest.raises(ValueError):
+        bad(small_model())
+
+
+def test_bad_config_and_paths_raise(tmp_path):
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        ToyConfig(num_kv_heads=3)
+    with pytest.raises(ValueError, match="d_model"):
+        ToyConfig(num_heads=5)
+    with pytest.raises(ValueError):
+        ToyTransformer(ToyConfig(), num_heads=2)
+    with pytest.raises(ValueError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "missing")
+    with pytest.raises(ValueError, match="available"):
+        load_pretrained("nope")
