@@ -9,11 +9,12 @@ The report is the ratio mhalib / torch per size (below 1 means mhalib is faster)
 taken as the median of per-round ratios where the two calls alternate, so that load
 from other processes hits both sides alike. Goal: within 1.10x.
 
-Usage: python benchmarks/bench_attention.py
+Usage: python benchmarks/bench_attention.py [--threads N]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -59,7 +60,11 @@ def torch_copy(module):
     return ref.eval()
 
 
-def main():
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: steadier ratios on a shared machine)")
+    torch.set_num_threads(parser.parse_args(argv).threads)
     torch.manual_seed(0)
     rows = []
     for b, n, d_model, h in SIZES:
@@ -73,7 +78,7 @@ def main():
             t_ours, t_ref, ratio = paired_times(lambda: ours(x), lambda: ref(x, x, x, need_weights=False))
         rows.append([f"B {b}, N {n}, d_model {d_model}, H {h}", f"{t_ours * 1e3:.1f}",
                      f"{t_ref * 1e3:.1f}", f"{ratio:.2f}x", "yes" if ratio <= 1.10 else "NO"])
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, eval, no grad")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), fp32, eval, no grad")
     print_table(["size", "mhalib ms", "torch ms", "mhalib / torch", "within 1.10x"], rows)
 
 
