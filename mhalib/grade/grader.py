@@ -217,7 +217,16 @@ def grade_function(sandbox, graded, rng):
 
 
 def grade_notebook(path, *, seed=None, limits=None, exercise=None):
-    """Grade one submission; always returns a :class:`SubmissionResult`."""
+    """Grade one submission; always returns a :class:`SubmissionResult` (never raises)."""
+    try:
+        return _grade_notebook(path, seed=seed, limits=limits, exercise=exercise)
+    except Exception as exc:  # a grader fault must still leave a result to write
+        result = SubmissionResult(path=str(path), exercise=None, seed=seed)
+        result.notes.append(f"internal grader error ({type(exc).__name__}: {exc}); tell your instructor")
+        return result
+
+
+def _grade_notebook(path, *, seed=None, limits=None, exercise=None):
     start = time.monotonic()
     seed = secrets.randbits(63) if seed is None else int(seed)
     result = SubmissionResult(path=str(path), exercise=None, seed=seed)
@@ -231,8 +240,8 @@ def grade_notebook(path, *, seed=None, limits=None, exercise=None):
         ex = registry.get(exercise)
         if ex is None:
             result.notes.append(f"unknown exercise {exercise!r}")
-    elif nb is not None or True:
-        ex, how = registry.recognise(nb.get("metadata") if nb else None, path)
+    else:
+        ex, _ = registry.recognise(nb.get("metadata") if nb else None, path)
         if ex is None:
             result.notes.append("could not tell which exercise this is: the notebook metadata has no "
                                 "mhalib.exercise and the file name does not start with its number")

@@ -36,6 +36,7 @@ class Limits:
     cell_timeout_s: float = 60.0  # wall clock per notebook cell
     start_timeout_s: float = 60.0  # wall clock to start the child
     drop_privileges: bool = True  # when the grader runs as root, run the child as nobody
+    notebook_budget_s: float = 300.0  # wall clock for running the notebook, restarts included
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Sandbox:
         self.notes = []
         self.restarts = 0
         self.dropped_privileges = False
+        self._budget_end = None
 
     # -- life cycle -------------------------------------------------------------
     def _env(self, home):
@@ -149,8 +151,15 @@ class Sandbox:
         if not isinstance(reply, tuple):
             self.notes.append(f"the grading process could not start ({self._last_failure})")
             return self
+        if self._budget_end is None:
+            self._budget_end = time.monotonic() + self.limits.notebook_budget_s
         for index, source in self.cells:
             if index in self.skip:
+                continue
+            if time.monotonic() > self._budget_end:
+                self.skip.add(index)
+                self.notes.append(f"cell {index} was not run: the notebook used up its "
+                                  f"{self.limits.notebook_budget_s:g} s")
                 continue
             reply = self._request({"op": "exec", "source": source, "index": index}, (),
                                   self.limits.cell_timeout_s)
