@@ -78,7 +78,8 @@ def _check(result, expected):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_fault_or_cheat(name):
+def test_fault_or_cheat(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # fault_fake_results writes into the grader's working directory
     result = grade_notebook(FIXTURES / f"{name}.ipynb", limits=FAST, seed=7)
     assert result.exercise is not None, result.text()
     _check(result, CASES[name])
@@ -93,7 +94,8 @@ def test_fault_or_cheat(name):
 
 
 @pytest.mark.parametrize("name", sorted(TORCH_CASES))
-def test_torch_cheat(name):
+def test_torch_cheat(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     result = grade_notebook(FIXTURES / f"{name}.ipynb", limits=Limits(call_timeout_s=30, cell_timeout_s=60), seed=7)
     _check(result, TORCH_CASES[name])
 
@@ -114,10 +116,11 @@ def test_fake_results_file_is_overwritten_by_the_grader(tmp_path):
     assert "100" not in rows[2].split(",")[2]
 
 
-def test_patching_comparisons_in_the_submission_cannot_reach_the_grader():
+def test_patching_comparisons_in_the_submission_cannot_reach_the_grader(tmp_path, monkeypatch):
     """The grader compares in its own process: its numpy stays untouched."""
     import numpy as np
 
+    monkeypatch.chdir(tmp_path)
     before = np.allclose
     result = grade_notebook(FIXTURES / "cheat_patch_allclose.ipynb", limits=FAST, seed=1)
     assert np.allclose is before and not np.allclose(0.0, 1.0)
