@@ -156,3 +156,27 @@ def test_gradescope_autograder_zip(tmp_path):
     proc = subprocess.run([sys.executable, "grade_submission.py", str(empty), str(results)],
                           cwd=tmp_path / "source", env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and json.loads(results.read_text())["score"] == 0
+
+
+@pytest.mark.parametrize("metadata, filename, key", [
+    ({"mhalib": {"exercise": "02_multi_head_attention"}}, "whatever.ipynb", "02_multi_head_attention"),
+    ({"mhalib": {"exercise": "99_unknown"}}, "03_mha_in_pytorch_alice.ipynb", "03_mha_in_pytorch"),
+    ({}, "ex01.ipynb", "01_single_head_attention"),
+    (None, "exercise_6 (1).ipynb", "06_mqa_gqa"),
+    ({}, "5_kv_cache_bob.ipynb", "05_kv_cache"),
+    ({}, "homework.ipynb", None),
+])
+def test_recognise_by_metadata_then_file_name(metadata, filename, key):
+    ex, how = registry.recognise(metadata, filename)
+    assert (ex.key if ex else None) == key
+    if ex is not None:
+        assert ("metadata" in how) == bool(metadata and metadata["mhalib"]["exercise"] == key)
+
+
+def test_unrecognised_submission_is_reported_not_crashed(tmp_path):
+    path = tmp_path / "homework.ipynb"
+    path.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    result = grade_notebook(path)
+    assert result.exercise is None and result.score == 0
+    assert "could not tell which exercise" in result.text()
+    assert result.gradescope()["score"] == 0

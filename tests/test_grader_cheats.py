@@ -138,12 +138,15 @@ def test_submission_runs_in_another_process_and_directory(tmp_path):
     probe = tmp_path / "probe.txt"
     nb.cells = [nbformat.v4.new_code_cell(
         "import os, numpy as np\n"
-        f"open({str(probe)!r}, 'w').write(f'{{os.getpid()}} {{os.getcwd()}}')\n"
+        "import sys\n"
+        "torch_loaded = any(m == 'torch' or m.startswith('torch.') for m in sys.modules)\n"
+        f"open({str(probe)!r}, 'w').write(f'{{os.getpid()}} {{torch_loaded}} {{os.getcwd()}}')\n"
         "def causal_mask(n):\n    return np.where(np.triu(np.ones((n, n), bool), 1), -np.inf, 0.0)\n")]
     path = tmp_path / "probe.ipynb"
     nbformat.write(nb, path)
     result = grade_notebook(path, limits=FAST)
     assert result.checks[0].score == 3
-    pid, cwd = probe.read_text().split(" ", 1)
+    pid, torch_loaded, cwd = probe.read_text().split(" ", 2)
     assert int(pid) != os.getpid()
+    assert torch_loaded == "False", "a NumPy exercise starts its child without torch"
     assert "mhalib-grade-" in cwd and not os.path.exists(cwd), "the temporary directory is removed"
