@@ -274,7 +274,6 @@ class Sandbox:
             "kwargs": {k: encode(v, arrays) for k, v in kwargs.items()},
             "params": params, "forbidden": list(forbidden),
         }
-        start = time.monotonic()
         reply = self._request(header, arrays, self.limits.call_timeout_s)
         if not isinstance(reply, tuple):
             return CallOutcome(status=reply, message=f"{name} {self._last_failure}")
@@ -293,6 +292,5 @@ class Sandbox:
         if status in ("grading_error", "not_implemented", "exception"):
             return CallOutcome(status=status, message=str(head.get("message", ""))[:1000],
                                where=str(head.get("where", ""))[:200], output_dropped=dropped)
-        del start
         self.kill()
         return CallOutcome(status="bad_reply", message=f"{name}: the grading process sent an unexpected reply")

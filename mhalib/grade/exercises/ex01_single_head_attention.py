@@ -7,7 +7,7 @@ import numpy as np
 from mhalib.grade.exercises import _numpy_variants as wrong
 from mhalib.grade.spec import (
     NUMPY_ATTENTION_FORBIDDEN, TORCH_ATTENTION_FORBIDDEN, Case, Exercise, Graded,
-    check_array, check_pair, describe, match_variant,
+    check_array, check_pair, match_variant,
 )
 
 KEY = "01_single_head_attention"
@@ -149,5 +149,3 @@ EXERCISE = Exercise(
         ),
     ],
 )
-
-__all__ = ["EXERCISE", "describe"]

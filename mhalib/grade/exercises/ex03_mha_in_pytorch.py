@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from mhalib.grade.exercises import _numpy_variants as wrong
-from mhalib.grade.spec import TORCH_ATTENTION_FORBIDDEN, Case, Exercise, Graded, check_array, check_pair, match_variant
+from mhalib.grade.spec import Case, Exercise, Graded, check_array, check_pair, match_variant
 
 KEY = "03_mha_in_pytorch"
 
