@@ -146,6 +146,11 @@ def judge_attention(case, got, g=None):
         if isinstance(weights, np.ndarray) and weights.shape == w_exp.shape[:-3] + w_exp.shape[-2:]:
             return (f"weights have shape {weights.shape}; return one map per head, "
                     f"{w_exp.shape} = (..., H, N, N)")
+        kv_heads = case.args[6] if g is None and len(case.args) > 6 else g
+        if (isinstance(weights, np.ndarray) and kv_heads and kv_heads != w_exp.shape[-3]
+                and weights.shape == w_exp.shape[:-3] + (kv_heads,) + w_exp.shape[-2:]):
+            return (f"weights have shape {weights.shape}, one map per K/V head; return one per query "
+                    f"head, {w_exp.shape} = (..., H, N, N)")
         return match_variant(weights, mha_variants(case, g, 1)) or msg
     msg = check_array(out, out_exp, "out")
     if msg:
