@@ -225,3 +225,17 @@ def test_other_exercises_name_their_mistakes(answers, capsys):
 
     assert check("mean_pool_kv", strided) is False
     assert "consecutive heads" in capsys.readouterr().out
+
+
+def test_library_call_from_a_thread_is_seen(capsys):
+    import threading
+
+    def scaled_dot_product_attention(q, k, v, mask=None):
+        box = {}
+        worker = threading.Thread(target=lambda: box.setdefault("r", ref.scaled_dot_product_attention(q, k, v, mask)))
+        worker.start()
+        worker.join()
+        return box["r"]
+
+    assert check("scaled_dot_product_attention", scaled_dot_product_attention) is False
+    assert "calls mhalib.np_attention.scaled_dot_product_attention" in capsys.readouterr().out

@@ -15,6 +15,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -119,6 +120,7 @@ class Tripwire:
     def __enter__(self):
         self._previous = sys.getprofile()
         if self.exact or self.prefixes:
+            threading.setprofile(self._bound)  # threads started during the call too
             sys.setprofile(self._bound)
         return self
 
@@ -127,6 +129,7 @@ class Tripwire:
             if sys.getprofile() is not self._bound:
                 self.tampered = True
             sys.setprofile(self._previous)
+            threading.setprofile(None)
         return False
 
 
