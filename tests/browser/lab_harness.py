@@ -554,10 +554,18 @@ class NotebookPage:
 
     def _wait_redraw(self, explorer: int, before: str, moved: bool, timeout: float) -> dict:
         """After a control changed, wait for the explorer to redraw and the kernel to settle."""
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         if moved:  # the kernel must redraw (busy, then idle)
+            idle_since = None
             while time.monotonic() < deadline:
                 if self.explorers()[explorer]["signature"] != before:
+                    break
+                # A kernel idle for seconds after the move has nothing more to draw: a
+                # redraw that failed silently. Stop waiting; the caller reports it.
+                idle = self.kernel_state()["status"] == "idle"
+                idle_since = (idle_since or time.monotonic()) if idle else None
+                if idle_since and time.monotonic() - max(idle_since, start + 1.0) > 2.5:
                     break
                 time.sleep(0.1)
         self.wait_kernel_idle(max(5.0, deadline - time.monotonic()), settle=0.25)
@@ -656,9 +664,12 @@ def check_notebook(nb: NotebookPage, shots: Path, *, require_explorer: bool = Tr
     stem = Path(nb.relpath).stem
     report = NotebookReport(nb.relpath, moves=[], screenshots=[])
 
-    def fail(msg: str):
+    def fail(msg: str, explorer: int | None = None):
         shot = nb.screenshot(shots / f"{stem}-FAILED.png")
         report.screenshots.append(shot)
+        if explorer is not None:
+            shot = nb.screenshot(shots / f"{stem}-FAILED-explorer{explorer + 1}.png", explorer)
+            report.screenshots.append(shot)
         raise AssertionError(f"{nb.relpath}: {msg}\n(screenshot: {shot})\n{report.summary()}")
 
     report.run_seconds = nb.run_all()
@@ -692,16 +703,16 @@ def check_notebook(nb: NotebookPage, shots: Path, *, require_explorer: bool = Tr
                         nb.screenshot(shots / f"{stem}-explorer{i + 1}-{name}-moved.png", i))
                 if move.problems:
                     fail(f"after moving {move.before} -> {move.after} ({key}) in explorer {i + 1}:\n"
-                         + "\n".join(move.problems))
+                         + "\n".join(move.problems), i)
                 # Every slider position shows its own figure or words (a message names
                 # the values it refuses), so a move that changes nothing failed silently.
                 if move.moved and not move.changed:
                     fail(f"moving {move.before} -> {move.after} ({key}) in explorer {i + 1} did not "
-                         "change its figure or text (a redraw that failed silently?)")
+                         "change its figure or text (a redraw that failed silently?)", i)
         if other_controls:
             for move in nb.use_other_controls(i):
                 report.moves.append(move)
                 if move.problems:
                     fail(f"after {move.key} {move.before} -> {move.after} in explorer {i + 1}:\n"
-                         + "\n".join(move.problems))
+                         + "\n".join(move.problems), i)
     return report
