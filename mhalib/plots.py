@@ -165,3 +165,81 @@ def mha_diagram(num_heads=3, d_model=None, *, ax=None):
 
 
 __all__ += ["mha_diagram"]
+
+
+def _running_mean(values, window):
+    v = np.asarray(values, dtype=float)
+    if window <= 1 or len(v) < window:
+        return np.arange(1, len(v) + 1), v
+    kernel = np.ones(window) / window
+    return np.arange(window, len(v) + 1), np.convolve(v, kernel, mode="valid")
+
+
+def training_curves(histories, *, window=20, marks=None, title=None):
+    """Loss and accuracy against training step, one line per run.
+
+    Args:
+        histories: dict label -> history (``{"loss": [...], "accuracy": [...]}``, one
+            value per step, as returned by ``mhalib.training.train``), or one history.
+        window: running-mean window in steps (the raw per-batch values are noisy).
+        marks: optional dict label -> step, drawn as dashed vertical lines.
+        title: figure title.
+
+    Returns:
+        The matplotlib Figure (loss on the left, accuracy on the right).
+    """
+    if "loss" in histories and "accuracy" in histories:
+        histories = {"": histories}
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    colours = plt.get_cmap("viridis")(np.linspace(0, 0.85, max(len(histories), 1)))
+    for colour, (label, hist) in zip(colours, histories.items()):
+        for ax, key in ((ax_loss, "loss"), (ax_acc, "accuracy")):
+            steps, values = _running_mean(hist[key], window)
+            ax.plot(steps, values, color=colour, label=label or None)
+    for label, step in (marks or {}).items():
+        for ax in (ax_loss, ax_acc):
+            ax.axvline(step, color="grey", linestyle="--", linewidth=1)
+        ax_acc.annotate(label, (step, 0.05), rotation=90, fontsize=8, ha="right", color="grey")
+    ax_loss.set_xlabel("training step")
+    ax_loss.set_ylabel(f"loss on copy positions ({window}-step mean)")
+    ax_acc.set_xlabel("training step")
+    ax_acc.set_ylabel(f"accuracy on copy positions ({window}-step mean)")
+    ax_acc.set_ylim(0, 1.02)
+    if len(histories) > 1:
+        ax_loss.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def uptraining_curves(curves, *, reference=None, marks=None, title=None, ylabel="evaluation loss"):
+    """Evaluation loss against uptraining step, one line per converted model.
+
+    Args:
+        curves: dict label -> ``(steps, losses)`` (two equal-length sequences).
+        reference: optional loss of the original model, drawn as a horizontal line.
+        marks: optional dict label -> step, drawn as dashed vertical lines (e.g. "5%").
+        title: axes title.
+
+    Returns:
+        The matplotlib Figure.
+    """
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), constrained_layout=True)
+    colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, max(len(curves), 1)))
+    styles = ["-", "--", ":"]
+    for i, (colour, (label, (steps, losses))) in enumerate(zip(colours, curves.items())):
+        ax.plot(steps, losses, styles[i % len(styles)], color=colour, label=label, marker="o", markersize=3)
+    if reference is not None:
+        ax.axhline(reference, color="black", linewidth=1, label="original MHA model")
+    for label, step in (marks or {}).items():
+        ax.axvline(step, color="grey", linestyle="--", linewidth=1)
+        ax.annotate(label, (step, ax.get_ylim()[1]), fontsize=8, ha="left", va="top", color="grey")
+    ax.set_xlabel("uptraining step")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8, ncol=2)
+    if title:
+        ax.set_title(title)
+    return fig
+
+
+__all__ += ["training_curves", "uptraining_curves"]

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["CopyTask", "variable_offset_task", "fixed_offset_task", "make_generator"]
+__all__ = ["CopyTask", "variable_offset_task", "fixed_offset_task", "distinct_tokens", "make_generator"]
 
 
 def make_generator(seed):
@@ -122,3 +122,14 @@ def variable_offset_task(vocab_size=64, seq_len=32):
 def fixed_offset_task(length=8, vocab_size=64, seq_len=32):
     """The control: every segment has length ``length``, so the copy is always ``length`` back."""
     return CopyTask(vocab_size=vocab_size, seq_len=seq_len, min_len=length, max_len=length)
+
+
+def distinct_tokens(batch_size, generator=None, *, vocab_size=64, seq_len=32):
+    """Sequences with no repeated token at all (no copy): ``(B, N)`` int64.
+
+    Useful as a probe: a head that still attends a fixed distance back here does so by
+    position, since there is no earlier occurrence of anything to find.
+    """
+    if seq_len > vocab_size:
+        raise ValueError(f"seq_len={seq_len} distinct tokens need vocab_size >= {seq_len}; got {vocab_size}")
+    return torch.rand(batch_size, vocab_size, generator=generator).argsort(dim=1)[:, :seq_len]  # (B, N)

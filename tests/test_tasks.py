@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from mhalib.tasks import CopyTask, fixed_offset_task, make_generator, variable_offset_task
+from mhalib.tasks import (
+    CopyTask, distinct_tokens, fixed_offset_task, make_generator, variable_offset_task,
+)
 
 
 def predictable_by_induction(row):
@@ -81,3 +83,11 @@ def test_bad_batch_size_and_seed_raise():
         variable_offset_task().sample(0)
     with pytest.raises(ValueError, match="seed"):
         make_generator("0")
+
+
+def test_distinct_tokens_never_repeat():
+    t = distinct_tokens(50, make_generator(0))
+    assert t.shape == (50, 32)
+    assert all(len(set(row.tolist())) == 32 for row in t)
+    with pytest.raises(ValueError, match="vocab_size"):
+        distinct_tokens(2, vocab_size=16)
