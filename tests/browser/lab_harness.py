@@ -314,8 +314,15 @@ _JS_PROBLEMS = r"""
     return (copy.textContent || '').replace(/\s+\n/g, '\n').trim();
   };
   const cells = [...document.querySelectorAll('.jp-Notebook .jp-Cell')];
+  // Cells tagged raises-exception show their error on purpose (Run All goes on past them).
+  const app = window.jupyterapp;
+  const models = (app && app.shell.currentWidget && app.shell.currentWidget.content &&
+                  app.shell.currentWidget.content.widgets) || [];
+  const tags = (i) => (models[i] && models[i].model &&
+                       (models[i].model.getMetadata('tags') || [])) || [];
   cells.forEach((cell, i) => {
     const where = `cell ${i + 1}`;
+    if (tags(i).includes('raises-exception')) return;
     for (const el of cell.querySelectorAll('.jp-OutputArea-output')) {
       const text = ownText(el);
       const mimeEl = el.hasAttribute('data-mime-type') ? el : el.querySelector('[data-mime-type]');
@@ -371,8 +378,7 @@ _JS_KERNEL = r"""
       .map((p) => p.innerText.trim());
   return {status: kernel ? kernel.status : 'none',
           running: prompts.filter((p) => p.includes('*')).length,
-          numbered: prompts.filter((p) => /\[\d+\]/.test(p)).length,
-          cells: prompts.length};
+          dialog: !!document.querySelector('.jp-Dialog')};
 }
 """
 
@@ -429,6 +435,8 @@ class NotebookPage:
         state = {}
         while time.monotonic() < deadline:
             state = self.kernel_state()
+            if state["dialog"]:
+                self.fail_on_dialog()
             if state["status"] == "idle" and state["running"] == 0:
                 quiet_since = quiet_since or time.monotonic()
                 if time.monotonic() - quiet_since >= settle:
