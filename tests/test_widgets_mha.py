@@ -269,3 +269,35 @@ def test_block_diagram_names_every_head_and_refuses_bad_sizes():
     plt.close(fig)
     with pytest.raises(ValueError, match="not divisible"):
         mha_diagram(num_heads=7, d_model=64)
+
+
+def test_a_message_clears_the_previous_figure():
+    class FakeOutput:
+        def __init__(self):
+            self.calls = []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def clear_output(self, wait=False):
+            self.calls.append(wait)
+
+    class FakeHTML:
+        value = ""
+
+    out, msg = FakeOutput(), FakeHTML()
+    common.show_view(render_mha(8, 2), msg, out)
+    assert out.calls == [True] and "d_head" in msg.value  # figure follows: clear when it arrives
+    common.show_view(render_mha(8, 3), msg, out)
+    assert out.calls == [True, False] and "cannot share" in msg.value  # no figure: clear at once
+
+
+def test_step_explorer_lays_out_one_row_per_group():
+    import ipywidgets as w
+
+    box = mha.step_explorer()
+    controls = box.children[1]
+    assert isinstance(controls, w.VBox) and len(controls.children) == 3

@@ -135,7 +135,8 @@ def explorer_box(controls, *, title=None):
 
     Returns:
         ``(box, message_widget, output)``: a ``VBox`` (class ``mhalib-explorer``) holding an
-        optional title, the controls, an ``HTML`` widget for text (class
+        optional title, the controls (in one row when there are at most three plain
+        controls; otherwise one row per item, so pass ``HBox`` rows), an ``HTML`` widget for text (class
         ``mhalib-explorer-message``) and an ``Output`` for the figure (class
         ``mhalib-explorer-output``).
     """
@@ -146,7 +147,9 @@ def explorer_box(controls, *, title=None):
     out = w.Output()
     out.add_class("mhalib-explorer-output")
     children = [w.HTML(f"<b>{html.escape(title)}</b>")] if title else []
-    children += [w.HBox(list(controls)) if len(controls) <= 3 else w.VBox(list(controls)), msg, out]
+    controls = list(controls)
+    one_row = len(controls) <= 3 and not any(isinstance(c, w.Box) for c in controls)
+    children += [w.HBox(controls) if one_row else w.VBox(controls), msg, out]
     box = w.VBox(children)
     box.add_class("mhalib-explorer")
     return box, msg, out
@@ -158,7 +161,9 @@ def show_view(view: View, msg, out) -> None:
 
     msg.value = view.html
     with out:
-        out.clear_output(wait=True)
+        # wait=True avoids a flicker when a new figure follows; with no figure, clear now,
+        # or the previous figure would stay on screen under the message.
+        out.clear_output(wait=view.figure is not None)
         if view.figure is not None:
             display(Image(data=figure_png(view.figure), format="png"))
             if getattr(view.figure.canvas, "manager", None) is not None:  # a pyplot figure

@@ -336,7 +336,7 @@ def step_explorer(d_model=8, num_heads=2, sentence="The cat sat on", causal=True
     h_slider = slider("H (heads)", num_heads, 1, STEP_MAX_HEADS)
     s_pick = w.Dropdown(options=list(STEP_SENTENCES), value=sentence, description="sentence",
                         style={"description_width": "initial"})
-    mask = w.Checkbox(value=causal, description="causal mask")
+    mask = w.Checkbox(value=causal, description="causal mask", indent=False)
     controls = [step, d_slider, h_slider, s_pick, mask]
     box, msg, out = explorer_box([w.HBox([back, step, forward]), w.HBox([d_slider, h_slider]),
                                   w.HBox([s_pick, mask])],
