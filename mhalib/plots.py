@@ -212,7 +212,8 @@ def training_curves(histories, *, window=20, marks=None, title=None):
     return fig
 
 
-def uptraining_curves(curves, *, reference=None, marks=None, title=None, ylabel="evaluation loss"):
+def uptraining_curves(curves, *, reference=None, marks=None, title=None, ylabel="evaluation loss",
+                      styles=None, log=True):
     """Evaluation loss against uptraining step, one line per converted model.
 
     Args:
@@ -220,23 +221,29 @@ def uptraining_curves(curves, *, reference=None, marks=None, title=None, ylabel=
         reference: optional loss of the original model, drawn as a horizontal line.
         marks: optional dict label -> step, drawn as dashed vertical lines (e.g. "5%").
         title: axes title.
+        styles: optional dict label -> matplotlib line keywords (``color``, ``linestyle``);
+            by default colours follow ``viridis`` in the order of ``curves``.
+        log: logarithmic loss axis (losses span several orders of magnitude).
 
     Returns:
         The matplotlib Figure.
     """
-    fig, ax = plt.subplots(figsize=(7.5, 4.2), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(8.5, 4.4), constrained_layout=True)
     colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, max(len(curves), 1)))
-    styles = ["-", "--", ":"]
-    for i, (colour, (label, (steps, losses))) in enumerate(zip(colours, curves.items())):
-        ax.plot(steps, losses, styles[i % len(styles)], color=colour, label=label, marker="o", markersize=3)
+    for colour, (label, (steps, losses)) in zip(colours, curves.items()):
+        style = {"color": colour, **((styles or {}).get(label, {}))}
+        ax.plot(steps, losses, label=label, marker="o", markersize=3, **style)
     if reference is not None:
         ax.axhline(reference, color="black", linewidth=1, label="original MHA model")
+    if log:
+        ax.set_yscale("log")
     for label, step in (marks or {}).items():
         ax.axvline(step, color="grey", linestyle="--", linewidth=1)
-        ax.annotate(label, (step, ax.get_ylim()[1]), fontsize=8, ha="left", va="top", color="grey")
+        ax.annotate(label, (step, 1.0), xycoords=("data", "axes fraction"), fontsize=8, ha="left",
+                    va="top", color="grey")
     ax.set_xlabel("uptraining step")
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     if title:
         ax.set_title(title)
     return fig

@@ -81,7 +81,7 @@ def new_model(seed=0, **config):
 
 
 def train(model, task=None, steps=3000, *, batch_size=64, lr=3e-3, seed=0, threads=1,
-          progress=True, desc="training"):
+          progress=True, desc="training", callback=None):
     """Train ``model`` with Adam on fresh batches of ``task``; returns the history.
 
     Args:
@@ -92,6 +92,8 @@ def train(model, task=None, steps=3000, *, batch_size=64, lr=3e-3, seed=0, threa
         seed: seeds the data generator.
         threads: CPU threads while training (``None`` keeps torch's setting).
         progress: show a tqdm progress bar (a widget in Jupyter, text in a terminal).
+        callback: optional ``fn(step, model)`` called after every step (step counts
+            from 1), e.g. to evaluate along the way; it must not touch the optimiser.
 
     Returns:
         dict with ``"loss"`` and ``"accuracy"``: lists of floats, one per step, measured
@@ -121,6 +123,9 @@ def train(model, task=None, steps=3000, *, batch_size=64, lr=3e-3, seed=0, threa
             optimizer.step()
             history["loss"].append(loss.item())
             history["accuracy"].append(accuracy)
+            if callback is not None:
+                callback(step + 1, model)
+                model.train()
             if step % 50 == 0 or step == steps - 1:
                 bar.set_postfix(loss=f"{loss.item():.2f}", acc=f"{accuracy:.2f}", refresh=False)
             bar.update(1)

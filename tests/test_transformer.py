@@ -1,5 +1,6 @@
 """The toy transformer against torch's own attention, its hooks, and checkpoints."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -135,3 +136,55 @@ def test_bad_config_and_paths_raise(tmp_path):
         load_checkpoint(tmp_path / "missing")
     with pytest.raises(ValueError, match="available"):
         load_pretrained("nope")
+
+
+def test_copy_loss_matches_explicit_cross_entropy():
+    from mhalib.tasks import make_generator, variable_offset_task
+    from mhalib.training import copy_loss
+
+    t, mask = variable_offset_task().sample(4, make_generator(0))
+    logits = torch.randn(4, 32, 64, generator=torch.Generator().manual_seed(1))
+    terms, hits = [], []
+    for b in range(4):
+        for i in range(1, 32):
+            if mask[b, i]:
+                terms.append(-torch.log_softmax(logits[b, i - 1], -1)[t[b, i]])
+                hits.append(int(logits[b, i - 1].argmax() == t[b, i]))
+    loss, acc = copy_loss(logits, t, mask)
+    torch.testing.assert_close(loss, torch.stack(terms).mean())
+    assert acc == pytest.approx(sum(hits) / len(hits))
+    with pytest.raises(ValueError, match="no position"):
+        copy_loss(logits, t, torch.zeros_like(mask))
+
+
+def test_train_history_callback_threads_and_errors():
+    from mhalib.training import new_model, steps_to, train
+
+    seen = []
+    before = torch.get_num_threads()
+    model = new_model(0, num_layers=1)
+    hist = train(model, steps=5, progress=False, callback=lambda step, m: seen.append(step))
+    assert seen == [1, 2, 3, 4, 5] and len(hist["loss"]) == len(hist["accuracy"]) == 5
+    assert torch.get_num_threads() == before
+    assert not model.training
+    assert steps_to({"accuracy": [0.0] * 5 + [1.0] * 30}, 0.9, window=10) == 14
+    assert steps_to({"loss": [4.0] * 40}, 1.0, key="loss") is None
+    with pytest.raises(ValueError, match="steps"):
+        train(model, steps=-1)
+    with pytest.raises(ValueError, match="task"):
+        train(model, task="copy", steps=1)
+    with pytest.raises(ValueError, match="num_threads"):
+        train(model, steps=1, threads=0)
+
+
+def test_training_curves_figure():
+    import matplotlib
+    matplotlib.use("Agg")
+    from mhalib.plots import training_curves, uptraining_curves
+
+    hist = {"loss": list(np.linspace(4, 0, 50)), "accuracy": list(np.linspace(0, 1, 50))}
+    fig = training_curves({"a": hist, "b": hist}, marks={"x": 10})
+    assert [ax.get_xlabel() for ax in fig.axes] == ["training step", "training step"]
+    assert len(fig.axes[0].lines) >= 2
+    fig2 = uptraining_curves({"m": ([0, 1, 2], [3.0, 1.0, 0.5])}, reference=0.1, marks={"5%": 1})
+    assert fig2.axes[0].get_yscale() == "log" and fig2.axes[0].get_xlabel() == "uptraining step"
