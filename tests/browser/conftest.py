@@ -9,7 +9,6 @@ Screenshots land in ``artifacts/screenshots/`` (ignored by git).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -17,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from lab_harness import (CHROMIUM_ARGS, HOW_TO_ENABLE, LabextensionList, LabServer,
+from lab_harness import (CHROMIUM_ARGS, HOW_TO_ENABLE, REPO, LabextensionList, LabServer,
                          find_chromium, isolated_jupyter_env)
 
-REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
 VIEWPORT = {"width": 1280, "height": 900}
@@ -64,22 +62,6 @@ def unavailable(reason: str):
         pytest.fail(f"{reason}. CI is set, so the browser tests must run: {HOW_TO_ENABLE}",
                     pytrace=False)
     pytest.skip(f"browser tests skipped: {reason}; {HOW_TO_ENABLE}")
-
-
-def uses_widgets(path: Path) -> bool:
-    """True when a code cell of the notebook mentions ``mhalib.widgets``."""
-    nb = json.loads(path.read_text(encoding="utf-8"))
-    for cell in nb.get("cells", []):
-        if cell.get("cell_type") == "code":
-            src = cell.get("source", "")
-            src = "".join(src) if isinstance(src, list) else src
-            if "mhalib.widgets" in src or ("from mhalib import" in src and "widgets" in src):
-                return True
-    return False
-
-
-def widget_notebooks() -> list[Path]:
-    return sorted(p for p in (REPO / "notebooks").glob("*.ipynb") if uses_widgets(p))
 
 
 @pytest.fixture(scope="session")

@@ -57,6 +57,7 @@ CHROMIUM_ARGS = [
 ]
 
 WIDGET_MANAGER = "@jupyter-widgets/jupyterlab-manager"
+REPO = Path(__file__).resolve().parents[2]
 
 # What a learner must never see in an output.
 TRACEBACK_MARKERS = ("Traceback", "Error displaying widget", "model not found",
@@ -81,6 +82,22 @@ def find_chromium() -> str | None:
         if path:
             return path
     return None
+
+
+def uses_widgets(path: Path) -> bool:
+    """True when a code cell of the notebook mentions ``mhalib.widgets``."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "code":
+            src = cell.get("source", "")
+            src = "".join(src) if isinstance(src, list) else src
+            if "mhalib.widgets" in src or ("from mhalib import" in src and "widgets" in src):
+                return True
+    return False
+
+
+def widget_notebooks() -> list[Path]:
+    return sorted(p for p in (REPO / "notebooks").glob("*.ipynb") if uses_widgets(p))
 
 
 def free_port() -> int:

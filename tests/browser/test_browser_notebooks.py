@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import widget_notebooks
-from lab_harness import NotebookPage, check_notebook
+from lab_harness import NotebookPage, check_notebook, widget_notebooks
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
