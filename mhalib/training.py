@@ -94,6 +94,7 @@ def train(model, task=None, steps=3000, *, batch_size=64, lr=3e-3, seed=0, threa
         progress: show a tqdm progress bar (a widget in Jupyter, text in a terminal).
         callback: optional ``fn(step, model)`` called after every step (step counts
             from 1), e.g. to evaluate along the way; it must not touch the optimiser.
+            If it returns True, training stops there (the history is shorter).
 
     Returns:
         dict with ``"loss"`` and ``"accuracy"``: lists of floats, one per step, measured
@@ -124,8 +125,10 @@ def train(model, task=None, steps=3000, *, batch_size=64, lr=3e-3, seed=0, threa
             history["loss"].append(loss.item())
             history["accuracy"].append(accuracy)
             if callback is not None:
-                callback(step + 1, model)
+                stop = callback(step + 1, model)
                 model.train()
+                if stop is True:
+                    break
             if step % 50 == 0 or step == steps - 1:
                 bar.set_postfix(loss=f"{loss.item():.2f}", acc=f"{accuracy:.2f}", refresh=False)
             bar.update(1)

@@ -166,6 +166,8 @@ def test_train_history_callback_threads_and_errors():
     hist = train(model, steps=5, progress=False, callback=lambda step, m: seen.append(step))
     assert seen == [1, 2, 3, 4, 5] and len(hist["loss"]) == len(hist["accuracy"]) == 5
     assert torch.get_num_threads() == before
+    short = train(model, steps=10, progress=False, callback=lambda step, m: step == 3)
+    assert len(short["loss"]) == 3
     assert not model.training
     assert steps_to({"accuracy": [0.0] * 5 + [1.0] * 30}, 0.9, window=10) == 14
     assert steps_to({"loss": [4.0] * 40}, 1.0, key="loss") is None
