@@ -13,6 +13,7 @@ import json
 import secrets
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,12 +149,31 @@ def _forbidden_message(name, hits):
             "Score 0 for this function.")
 
 
-def grade_function(sandbox, graded, rng):
-    """Run and judge every case of one graded function; returns a :class:`CheckResult`."""
+def prepare_cases(exercise, rng):
+    """``{name: cases or the exception}``: inputs and reference answers, drawn in order."""
+    prepared = {}
+    for graded in exercise.graded:
+        try:
+            prepared[graded.name] = graded.make_cases(rng)
+        except Exception as exc:  # the grader's own reference failed: reported per function
+            prepared[graded.name] = exc
+    return prepared
+
+
+def grade_function(sandbox, graded, rng=None, cases=None):
+    """Run and judge every case of one graded function; returns a :class:`CheckResult`.
+
+    ``cases`` are the prepared cases (or the exception raised preparing them); without
+    them they are drawn from ``rng``.
+    """
     name = graded.name
-    try:
-        cases = graded.make_cases(rng)
-    except Exception as exc:  # the grader's own reference failed: say so, score 0
+    if cases is None:
+        try:
+            cases = graded.make_cases(rng)
+        except Exception as exc:
+            cases = exc
+    if isinstance(cases, Exception):
+        exc = cases
         return CheckResult(name, 0.0, float(graded.points),
                            f"the grader could not compute the reference for {name} "
                            f"({type(exc).__name__}: {exc}); tell your instructor")
@@ -262,10 +282,14 @@ def _grade_notebook(path, *, seed=None, limits=None, exercise=None):
     rng = np.random.default_rng(seed)
     sandbox = Sandbox(code_cells(nb), preload=ex.preload, limits=limits or Limits())
     try:
-        sandbox.start()
+        # the references (which may import torch here) are computed while the child starts
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            prepared = pool.submit(prepare_cases, ex, rng)
+            sandbox.start()
+            prepared = prepared.result()
         for graded in ex.graded:
             try:
-                result.checks.append(grade_function(sandbox, graded, rng))
+                result.checks.append(grade_function(sandbox, graded, cases=prepared[graded.name]))
             except Exception as exc:  # a grader bug must still give a result
                 result.checks.append(CheckResult(
                     graded.name, 0.0, float(graded.points),
