@@ -12,7 +12,7 @@ Three ways to attend with g < H key/value heads:
 * ``F.scaled_dot_product_attention(..., enable_gqa=True)`` (PyTorch >= 2.5);
 * ``repeat_kv`` then SDPA: materialise H key/value heads first (copies the cache).
 
-Reported: median time of each, its speedup over the same method's MHA, and the byte
+Reported: the best of several interleaved rounds for each, its speedup over the same method's MHA, and the byte
 ratio H / g (the ideal speedup of a memory-bound step). Caches are flushed between
 calls by writing a buffer larger than the last-level cache.
 
@@ -22,7 +22,6 @@ Usage: python benchmarks/bench_decode.py [--tokens N] [--repeat R]
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -61,8 +60,9 @@ def run(num_tokens=32_768, num_heads=32, head_dim=128, kv_heads=(32, 8, 1), repe
     """Time every method for every g; return rows ``(method, g, seconds)``.
 
     The calls are interleaved (one call of every method and g per round, ``repeat``
-    rounds, median per pair), so a change in the machine's load during the run moves
-    all of them together and the ratios stay meaningful.
+    rounds), so a change in the machine's load during the run moves all of them
+    together. Each pair reports its best round: on a shared machine the least
+    disturbed run is the closest to what the hardware does.
     """
     torch.manual_seed(0)
     flush = make_flush()
@@ -86,7 +86,7 @@ def run(num_tokens=32_768, num_heads=32, head_dim=128, kv_heads=(32, 8, 1), repe
             fns[name](q, k, v)
             if round_ >= warmup:
                 times[(name, g)].append(time.perf_counter() - start)
-    return [(name, g, statistics.median(times[(name, g)])) for name, g in pairs]
+    return [(name, g, min(times[(name, g)])) for name, g in pairs]
 
 
 def run_prefill(n=1024, num_heads=8, num_kv_heads=2, head_dim=64, repeat=3):
