@@ -421,6 +421,15 @@ class NotebookPage:
         self.page = page
         self.server = server
         self.relpath = relpath
+        # Errors the page logs: an uncaught exception, or a widget view that failed in
+        # JavaScript (which may leave nothing at all in the output to look at).
+        self.js_errors: list[str] = []
+        page.on("pageerror", lambda exc: self.js_errors.append(f"uncaught error in the page: {exc}"))
+        page.on("console", self._on_console)
+
+    def _on_console(self, msg) -> None:
+        if msg.type == "error" and re.search(r"widget|model|view", msg.text, re.I):
+            self.js_errors.append(f"browser console: {msg.text[:500]}")
 
     # ---- opening and running
 
@@ -500,7 +509,8 @@ class NotebookPage:
     # ---- what is on screen
 
     def problems(self) -> list[str]:
-        return self.page.evaluate(_JS_PROBLEMS, [list(TRACEBACK_MARKERS), WIDGET_AS_TEXT.pattern])
+        found = self.page.evaluate(_JS_PROBLEMS, [list(TRACEBACK_MARKERS), WIDGET_AS_TEXT.pattern])
+        return found + self.js_errors
 
     def explorers(self) -> list[dict]:
         return self.page.evaluate(_JS_EXPLORERS)

@@ -37,8 +37,9 @@ def test_broken_explorer_is_caught(lab_page, lab_server, tmp_path):
     problems = str(failed.value)
     # ... on a widget printed as text (what a missing widget manager looks like) ...
     assert "a widget is shown as plain text" in problems and "IntSlider(" in problems
-    # ... and on a view whose model the page does not know.
+    # ... and on a view whose model the page does not know (on screen and in the console).
     assert "model not found" in problems
+    assert "browser console: Error: widget model not found" in problems
     assert (tmp_path / "broken_explorer-FAILED.png").stat().st_size > 0
     # The explorer itself draws fine at first ...
     [explorer] = nb.explorers()
