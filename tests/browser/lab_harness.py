@@ -589,18 +589,20 @@ class NotebookPage:
 
     def _wait_redraw(self, explorer: int, before: str, moved: bool, timeout: float) -> dict:
         """After a control changed, wait for the explorer to redraw and the kernel to settle."""
-        start = time.monotonic()
-        deadline = start + timeout
+        deadline = time.monotonic() + timeout
         if moved:  # the kernel must redraw (busy, then idle)
-            idle_since = None
+            idle_since, seen_busy = None, False
             while time.monotonic() < deadline:
                 if self.explorers()[explorer]["signature"] != before:
                     break
-                # A kernel idle for seconds after the move has nothing more to draw: a
-                # redraw that failed silently. Stop waiting; the caller reports it.
+                # A kernel that handled the move (busy, then idle for a while), or that
+                # stayed idle for many seconds, has nothing more to draw: the redraw
+                # failed silently. Stop waiting; the caller reports it.
                 idle = self.kernel_state()["status"] == "idle"
+                seen_busy = seen_busy or not idle
                 idle_since = (idle_since or time.monotonic()) if idle else None
-                if idle_since and time.monotonic() - max(idle_since, start + 1.0) > 2.5:
+                quiet = time.monotonic() - idle_since if idle_since else 0.0
+                if (seen_busy and quiet > 2.0) or quiet > 8.0:
                     break
                 time.sleep(0.1)
         self.wait_kernel_idle(max(5.0, deadline - time.monotonic()), settle=0.25)
