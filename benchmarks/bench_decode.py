@@ -16,7 +16,7 @@ Reported: the best of several interleaved rounds for each, its speedup over the 
 ratio H / g (the ideal speedup of a memory-bound step). Caches are flushed between
 calls by writing a buffer larger than the last-level cache.
 
-Usage: python benchmarks/bench_decode.py [--tokens N] [--repeat R]
+Usage: python benchmarks/bench_decode.py [--tokens N] [--repeat R] [--threads T]
 """
 
 from __future__ import annotations
@@ -107,7 +107,11 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's choice); 1 is steadier on a busy machine")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     h, n, d = args.heads, args.tokens, args.head_dim
     kv_heads = [g for g in (h, 8, 1) if h % g == 0]
     print(f"decode: B 1, one query token, cache n {n:,}, H {h}, d_head {d}, fp32, "

@@ -133,25 +133,20 @@ def grouped_attention(q, k, v, *, causal=False, attn_mask=None, need_weights=Fal
     rep = h // g
     # The H/g query heads of a group become H/g * N_q rows against one K/V head.
     qg = (q * (1.0 / math.sqrt(d))).reshape(b, g, rep * n_q, d)  # (B, g, H/g * N_q, d)
-    # Scores are computed as K Q^T, keys along the rows: both products then stream the
-    # cache (B, g, N_k, d) row by row, which is how it lies in memory. For one decoding
-    # query this orientation runs markedly faster on CPU than Q K^T (see
-    # benchmarks/bench_decode.py); the numbers are the same.
-    scores_t = k @ qg.transpose(-1, -2)  # (B, g, N_k, H/g * N_q)
-    if causal or attn_mask is not None:
-        grid = scores_t.view(b, g, n_k, rep, n_q)  # (B, g, N_k, H/g, N_q)
-        if causal:
-            blocked = ~causal_mask(n_q, n_k, device=q.device).T  # (N_k, N_q)
-            grid.masked_fill_(blocked[:, None, :], float("-inf"))
-        if attn_mask is not None:
-            mask = attn_mask.broadcast_to(b, h, n_q, n_k).reshape(b, g, rep, n_q, n_k)  # (B, g, H/g, N_q, N_k)
-            grid = grid + mask.permute(0, 1, 4, 2, 3)  # (B, g, N_k, H/g, N_q)
-        scores_t = grid.reshape(b, g, n_k, rep * n_q)  # (B, g, N_k, H/g * N_q)
-    weights_t = torch.softmax(scores_t, dim=-2)  # (B, g, N_k, H/g * N_q): each column sums to 1
-    weights = weights_t.transpose(-1, -2)  # (B, g, H/g * N_q, N_k), a view
-    out = weights @ v  # (B, g, H/g * N_q, d)
+    # Scores come out of K Q^T (keys along the rows): this product streams the cache
+    # (B, g, N_k, d) row by row, as it lies in memory, and for one decoding query runs
+    # markedly faster on CPU than Q K^T (benchmarks/bench_decode.py). One small copy
+    # puts them back as rows of queries, so that the softmax runs along contiguous memory.
+    scores = (k @ qg.transpose(-1, -2)).transpose(-1, -2).contiguous()  # (B, g, H/g * N_q, N_k)
+    if causal:
+        allowed = causal_mask(n_q, n_k, device=q.device)  # (N_q, N_k)
+        scores.view(b, g, rep, n_q, n_k).masked_fill_(~allowed, float("-inf"))
+    if attn_mask is not None:
+        scores = (scores.view(b, h, n_q, n_k) + attn_mask).view(b, g, rep * n_q, n_k)  # (B, g, H/g * N_q, N_k)
+    weights = torch.softmax(scores, dim=-1)  # (B, g, H/g * N_q, N_k)
+    out = weights @ v  # (B, g, H/g * N_q, d): each K/V head read once for its whole group
     out = out.view(b, h, n_q, d)  # (B, H, N_q, d)
-    return (out, weights.reshape(b, h, n_q, n_k)) if need_weights else out
+    return (out, weights.view(b, h, n_q, n_k)) if need_weights else out
 
 
 class GroupedQueryAttention(nn.Module):
