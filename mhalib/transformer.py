@@ -67,6 +67,7 @@ class ToyConfig:
 
     @property
     def head_dim(self):
+        """d_head = d_model / num_heads."""
         return self.d_model // self.num_heads
 
 
@@ -111,6 +112,11 @@ class ToyTransformer(nn.Module):
 
     Args:
         config: a :class:`ToyConfig` (or pass its fields as keywords).
+
+    Every weight starts as N(0, 0.02^2) (``INIT_STD``, GPT-2's choice): the model begins
+    close to a uniform guess, and the copy task then shows a plateau before the phase
+    change (notebook 04). Seed with ``torch.manual_seed`` before constructing it, or use
+    :func:`mhalib.training.new_model`.
 
     Attributes:
         embed: ``nn.Embedding(vocab_size, d_model)``.
