@@ -236,3 +236,25 @@ def test_grouped_attention_gradients_equal_sdpa(causal):
     F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True).square().sum().backward()
     for a, t in zip(ours, (q, k, v)):
         torch.testing.assert_close(a, t.grad)
+
+
+def test_attend_sends_one_decoding_query_to_grouped_attention_and_prompts_to_sdpa(monkeypatch):
+    calls = []
+    real_sdpa, real_grouped = F.scaled_dot_product_attention, attention.grouped_attention
+
+    def spy_sdpa(*args, **kwargs):
+        calls.append("sdpa")
+        return real_sdpa(*args, **kwargs)
+
+    def spy_grouped(*args, **kwargs):
+        calls.append("grouped")
+        return real_grouped(*args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy_sdpa)
+    monkeypatch.setattr(attention, "grouped_attention", spy_grouped)
+    layer = GroupedQueryAttention(16, 4, 2)
+    cache = KVCache()
+    layer(torch.randn(1, 5, 16), causal=True, kv_cache=cache)  # the prompt
+    layer(torch.randn(1, 1, 16), causal=True, kv_cache=cache)  # one decoding step
+    layer(torch.randn(1, 3, 16), causal=True, need_weights=True)
+    assert calls == ["sdpa", "grouped", "grouped"]
