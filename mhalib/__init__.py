@@ -6,6 +6,14 @@ Modules, one concept each (dependencies flow downwards only):
 * ``mhalib.attention``: the same in PyTorch: ``MultiHeadAttention``,
   ``MultiQueryAttention``, ``GroupedQueryAttention``, ``grouped_attention``.
 * ``mhalib.validation``: the shared input checks and their error messages.
+* ``mhalib.kv_cache``: KV-cache sizes for real models, a cache, one NumPy decode step.
+* ``mhalib.tasks``, ``mhalib.transformer``, ``mhalib.training``: the copy tasks and the
+  tiny attention-only transformer of notebook 04, with its training loop and checkpoint.
+* ``mhalib.interpret``: head scores (previous-token, induction, duplicate) and ablation.
+* ``mhalib.convert``: turning a trained MHA model into GQA/MQA (mean, first, random).
+* ``mhalib.plots`` and ``mhalib.widgets``: figures and slider explorers (matplotlib,
+  ipywidgets); ``mhalib.quiz``: quizzes that explain wrong answers.
+* ``mhalib.check`` (learners' self-checks) and ``mhalib.grade`` (the grader).
 
 Names used everywhere: ``d_model``, ``num_heads`` (H), ``num_kv_heads`` (g),
 ``head_dim`` (d_k = d_model / H).
@@ -36,6 +44,12 @@ _LAZY = {
     "MultiQueryAttention": "mhalib.attention",
     "grouped_attention": "mhalib.attention",
     "repeat_kv": "mhalib.attention",
+    "KVCache": "mhalib.kv_cache",
+    "kv_cache_bytes": "mhalib.kv_cache",
+    "ToyTransformer": "mhalib.transformer",
+    "load_pretrained": "mhalib.transformer",
+    "convert_kv": "mhalib.convert",
+    "mean_pool_kv": "mhalib.convert",
 }
 
 __all__ = [
