@@ -137,16 +137,21 @@ def kv_explorer(model="Llama-2-7B", context_length=4096, num_kv_heads=None):
     controls = [m_pick, n_slider, g_slider, t_pick]
     box, msg, out = explorer_box(controls, title="KV cache: context length and KV heads")
 
-    def on_model(change):
-        options = _g_options(change["new"])
-        wanted = MODEL_CONFIGS[change["new"]]["num_kv_heads"]
-        g_slider.options = options
-        g_slider.value = wanted
-
-    m_pick.observe(on_model, names="value")
+    state = {"busy": False}
 
     def redraw():
-        show_view(render_kv(n_slider.value, g_slider.value, m_pick.value, t_pick.value), msg, out)
+        if not state["busy"]:
+            show_view(render_kv(n_slider.value, g_slider.value, m_pick.value, t_pick.value), msg, out)
 
-    connect(controls, redraw)
+    def on_model(change):
+        state["busy"] = True  # one redraw for the new model, not one per slider update
+        try:
+            g_slider.options = _g_options(change["new"])
+            g_slider.value = MODEL_CONFIGS[change["new"]]["num_kv_heads"]
+        finally:
+            state["busy"] = False
+        redraw()
+
+    m_pick.observe(on_model, names="value")
+    connect([n_slider, g_slider, t_pick], redraw)
     return box
