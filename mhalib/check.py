@@ -50,8 +50,8 @@ def _run_case(graded, fn, case):
     params = {**graded.params, **case.params, "signature": graded.signature,
               "arg_names": list(graded.arg_names)}
     try:
-        result, hits, tampered = calling.call(graded.adapter, ns, graded.lookup, case.args, case.kwargs,
-                                              params, graded.forbidden)
+        result, hits, tampered, after = calling.call(graded.adapter, ns, graded.lookup, case.args,
+                                                     case.kwargs, params, graded.forbidden)
     except NotImplementedError:
         return "stop", f"{graded.lookup} is not written yet (it raises NotImplementedError)"
     except calling.GradingError as exc:
@@ -64,6 +64,9 @@ def _run_case(graded, fn, case):
                         "allow (the grader gives 0 for it): write it yourself")
     if tampered:
         return "stop", f"{graded.lookup} switched off call tracing (sys.setprofile); the grader gives 0"
+    changed = calling.changed_inputs(after, case.args, case.kwargs)
+    if changed:
+        return "stop", calling.mutation_message(graded.lookup, changed)
     arrays = []
     plain = protocol.decode_value(protocol.encode_value(calling.to_plain(result), arrays), arrays)
     problem = graded.judge(case, plain)

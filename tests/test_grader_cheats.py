@@ -33,6 +33,8 @@ CASES = {
                          SDPA: ("zero", "calls torch.nn.functional.scaled_dot_product_attention")},
     "cheat_disable_tracing": {MASK: ("full", ""), SDPA: ("zero", "switched off the grader's call tracing")},
     "cheat_mutates_input": {"split_heads": ("zero", "changed its input x in place"), "merge_heads": ("full", "")},
+    "cheat_mutates_and_patches": {"split_heads": ("zero", "changed its input x in place"),
+                                  "merge_heads": ("full", "")},
     "fault_os_exit_in_function": {MASK: ("full", ""), SDPA: ("zero", "ended the process")},
     "fault_os_exit_in_cell": {MASK: ("full", ""), SDPA: ("full", "")},
     "fault_sys_exit": {MASK: ("full", ""), SDPA: ("zero", "SystemExit")},

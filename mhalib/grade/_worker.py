@@ -209,12 +209,15 @@ def serve(fd_in, fd_out, out_writer, err_writer):
             try:
                 args = [protocol.decode_value(t, arrays) for t in header.get("args", [])]
                 kwargs = {k: protocol.decode_value(t, arrays) for k, t in header.get("kwargs", {}).items()}
-                result, hits, tampered = calling.call(
+                result, hits, tampered, after = calling.call(
                     header["adapter"], ns, header["name"], args, kwargs,
                     header.get("params", {}), header.get("forbidden", ()),
                 )
                 reply.update(status="ok", hits=hits, tampered=tampered)
                 reply["result"] = protocol.encode_value(calling.to_plain(result), out_arrays)
+                # the inputs as the call left them: the grader compares them with its originals
+                reply["after"] = [[str(label), key, protocol.encode_value(value, out_arrays)]
+                                  for label, key, value in after]
             except calling.GradingError as exc:
                 reply.update(status="grading_error", message=str(exc))
             except NotImplementedError as exc:

@@ -21,7 +21,7 @@ import numpy as np
 
 from mhalib.grade.protocol import Unsupported
 
-__all__ = ["GradingError", "Tripwire", "call", "to_plain", "describe_signature"]
+__all__ = ["GradingError", "Tripwire", "call", "to_plain", "describe_signature", "changed_inputs"]
 
 _MISSING = object()
 
@@ -190,17 +190,30 @@ def _copy_args(args, kwargs):
     return args, kwargs
 
 
-def _mutated(given, kept):
-    names = []
-    for label, a, b in given:
-        if isinstance(b, np.ndarray):
-            try:
-                same = isinstance(a, np.ndarray) and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
-            except Exception:
-                same = False
-            if not same:
-                names.append(label)
-    return names
+def changed_inputs(after, args, kwargs):
+    """Labels of the inputs that differ after the call from the originals ``args``/``kwargs``.
+
+    ``after`` is ``[(label, key, array)]`` with ``key`` an argument index or a keyword
+    name. The grader runs this in its own process, on the arrays the child sent back.
+    """
+    changed = []
+    for label, key, value in after:
+        original = args[key] if isinstance(key, int) and 0 <= key < len(args) else kwargs.get(key)
+        if not isinstance(original, np.ndarray):
+            continue
+        try:
+            same = (isinstance(value, np.ndarray) and value.shape == original.shape
+                    and np.array_equal(value, original, equal_nan=True))
+        except Exception:
+            same = False
+        if not same:
+            changed.append(str(label))
+    return changed
+
+
+def mutation_message(name, changed):
+    return (f"{name} changed its input {', '.join(changed)} in place; work on a copy "
+            "(e.g. `z = z.copy()`) and leave the caller's arrays as they were")
 
 
 # ----------------------------------------------------------------------------- adapters
@@ -214,7 +227,6 @@ def _call_function(ns, name, args, kwargs, params, tripwire):
     if not callable(fn) or isinstance(fn, type):
         raise GradingError(f"{name} is a {type(fn).__name__}, not a function")
     _check_binds(fn, name, args, kwargs, params.get("signature", name))
-    kept = (list(args), dict(kwargs))
     args, kwargs = _copy_args(args, kwargs)
     call_args = list(args)
     torch_args = params.get("torch_args") or ()
@@ -226,16 +238,10 @@ def _call_function(ns, name, args, kwargs, params, tripwire):
     with tripwire:
         result = fn(*call_args, **kwargs)
     labels = params.get("arg_names", [])
-    given = [(labels[i] if i < len(labels) else f"argument {i + 1}", a, b)
-             for i, (a, b) in enumerate(zip(args, kept[0]))]
-    given += [(k, kwargs[k], kept[1][k]) for k in kwargs]
-    changed = _mutated(given, kept)
-    if changed:
-        raise GradingError(
-            f"{name} changed its input {', '.join(changed)} in place; work on a copy "
-            "(e.g. `z = z.copy()`) and leave the caller's arrays as they were"
-        )
-    return result
+    after = [(labels[i] if i < len(labels) else f"argument {i + 1}", i, a)
+             for i, a in enumerate(args) if isinstance(a, np.ndarray)]
+    after += [(k, k, v) for k, v in kwargs.items() if isinstance(v, np.ndarray)]
+    return result, after
 
 
 def _torch():
@@ -293,17 +299,15 @@ def _call_torch_module(ns, name, args, kwargs, params, tripwire):
     x, weights = args[0], params_weights(args[1:])
     _load_weights(module, cls_name, weights)
     module.eval()
-    xt = torch.from_numpy(np.array(x, dtype=np.float32))
-    kept = xt.clone()
+    x_copy = np.array(x, dtype=np.float32)
+    xt = torch.from_numpy(x_copy)  # shares memory with x_copy, sent back for the mutation check
     forward = getattr(type(module), "forward", None)
     if forward is not None:
         _check_binds(forward, f"{cls_name}.forward", (module, xt), kwargs,
                      params.get("signature", "forward(self, x, causal=False, use_sdpa=False)"))
     with torch.no_grad(), tripwire:
         result = module(xt, **kwargs)
-    if not torch.equal(xt, kept):
-        raise GradingError(f"{cls_name}.forward changed its input x in place")
-    return result
+    return result, [("x", 0, x_copy)]
 
 
 def params_weights(arrays):
@@ -342,7 +346,7 @@ def _call_to_torch_mha(ns, name, args, kwargs, params, tripwire):
     xt = torch.from_numpy(np.array(x, dtype=np.float32))
     with torch.no_grad():
         out = _TORCH_ORIGINALS["forward"](mha, xt, xt, xt, need_weights=False)[0]
-    return (mha.in_proj_weight.detach(), mha.out_proj.weight.detach(), out)
+    return (mha.in_proj_weight.detach(), mha.out_proj.weight.detach(), out), []
 
 
 _TORCH_ORIGINALS = {}
@@ -365,12 +369,14 @@ ADAPTERS = {
 def call(adapter, ns, name, args, kwargs, params, forbidden=()):
     """Run one case of graded ``name`` from namespace ``ns``.
 
-    Returns ``(result, hits, tampered)``: the raw result, the forbidden names called and
-    whether tracing was switched off. Raises :class:`GradingError` for a call that could
-    not be made as the exercise asks, or whatever the learner's code raised.
+    Returns ``(result, hits, tampered, after)``: the raw result, the forbidden names
+    called, whether tracing was switched off, and the input arrays as they were after
+    the call (``[(label, key, array)]``, for :func:`changed_inputs`). Raises
+    :class:`GradingError` for a call that could not be made as the exercise asks, or
+    whatever the learner's code raised.
     """
     if adapter.startswith("torch") or params.get("torch_args"):
         capture_torch()
     tripwire = Tripwire(forbidden)
-    result = ADAPTERS[adapter](ns, name, list(args), dict(kwargs), params, tripwire)
-    return result, tripwire.hits, tripwire.tampered
+    result, after = ADAPTERS[adapter](ns, name, list(args), dict(kwargs), params, tripwire)
+    return result, tripwire.hits, tripwire.tampered, after

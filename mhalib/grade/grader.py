@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mhalib.grade import calling, protocol
 from mhalib.grade import exercises as registry
-from mhalib.grade import protocol
 from mhalib.grade.sandbox import Limits, Sandbox
 
 __all__ = ["CheckResult", "SubmissionResult", "grade_notebook", "load_notebook", "code_cells"]
@@ -189,6 +189,11 @@ def grade_function(sandbox, graded, rng=None, cases=None):
         if outcome.status == "ok":
             if outcome.hits:
                 return CheckResult(name, 0.0, float(graded.points), _forbidden_message(name, outcome.hits),
+                                   0, len(cases))
+            changed = calling.changed_inputs(outcome.after, case.args, case.kwargs)
+            if changed:
+                return CheckResult(name, 0.0, float(graded.points),
+                                   f"{calling.mutation_message(graded.lookup, changed)}. Score 0 for this function.",
                                    0, len(cases))
             if outcome.tampered:
                 return CheckResult(name, 0.0, float(graded.points),

@@ -53,6 +53,7 @@ class CallOutcome:
     hits: list = field(default_factory=list)
     tampered: bool = False
     output_dropped: int = 0
+    after: list = field(default_factory=list)  # [(label, key, array)]: inputs after the call
 
 
 NOBODY = 65534
@@ -287,8 +288,15 @@ class Sandbox:
                 self.kill()
                 return CallOutcome(status="bad_reply", message=f"{name} returned something unreadable ({exc})")
             hits = [str(h)[:200] for h in head.get("hits", [])][:10] if isinstance(head.get("hits"), list) else []
+            after = []
+            try:
+                for label, key, tree in head.get("after", [])[:16]:
+                    if isinstance(key, (int, str)) and not isinstance(key, bool):
+                        after.append((str(label)[:100], key, protocol.decode_value(tree, out_arrays)))
+            except (TypeError, ValueError, protocol.ProtocolError):
+                after = [("an input", 0, None)]  # unreadable: counts as changed
             return CallOutcome(status="ok", result=result, hits=hits, tampered=bool(head.get("tampered")),
-                               output_dropped=dropped)
+                               output_dropped=dropped, after=after)
         if status in ("grading_error", "not_implemented", "exception"):
             return CallOutcome(status=status, message=str(head.get("message", ""))[:1000],
                                where=str(head.get("where", ""))[:200], output_dropped=dropped)
