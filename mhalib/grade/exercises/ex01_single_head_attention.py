@@ -127,8 +127,8 @@ def judge_sdpa(case, got):
     return msg
 
 
-_SDPA_FORBIDDEN = (*NUMPY_ATTENTION_FORBIDDEN, *TORCH_ATTENTION_FORBIDDEN,
-                   "mhalib.np_attention.scaled_dot_product_attention", "mhalib.np_attention.softmax")
+# Exercises 01 and 02 build the blocks themselves: nothing from mhalib.np_attention.
+_SDPA_FORBIDDEN = ("mhalib.np_attention.*", *NUMPY_ATTENTION_FORBIDDEN, *TORCH_ATTENTION_FORBIDDEN)
 
 EXERCISE = Exercise(
     key=KEY,
@@ -137,7 +137,7 @@ EXERCISE = Exercise(
         Graded(
             name="causal_mask", points=3, signature="causal_mask(n)",
             make_cases=causal_mask_cases, judge=judge_causal_mask, arg_names=("n",),
-            forbidden=("mhalib.np_attention.causal_mask", *_SDPA_FORBIDDEN),
+            forbidden=_SDPA_FORBIDDEN,
             description="(n, n) float: 0 on and below the diagonal, -inf above",
         ),
         Graded(

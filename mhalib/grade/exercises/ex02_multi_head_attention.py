@@ -158,7 +158,8 @@ def judge_attention(case, got, g=None):
     return None
 
 
-_FORBIDDEN = (*NUMPY_ATTENTION_FORBIDDEN, *TORCH_ATTENTION_FORBIDDEN)
+# Exercises 01 and 02 build the blocks themselves: nothing from mhalib.np_attention.
+_FORBIDDEN = ("mhalib.np_attention.*", *NUMPY_ATTENTION_FORBIDDEN, *TORCH_ATTENTION_FORBIDDEN)
 
 EXERCISE = Exercise(
     key=KEY,
@@ -166,10 +167,10 @@ EXERCISE = Exercise(
     graded=[
         Graded(name="split_heads", points=2, signature="split_heads(x, num_heads)",
                make_cases=split_cases, judge=judge_split, arg_names=("x", "num_heads"),
-               forbidden=("mhalib.np_attention.split_heads", *_FORBIDDEN)),
+               forbidden=_FORBIDDEN),
         Graded(name="merge_heads", points=2, signature="merge_heads(x)",
                make_cases=merge_cases, judge=judge_merge, arg_names=("x",),
-               forbidden=("mhalib.np_attention.merge_heads", *_FORBIDDEN)),
+               forbidden=_FORBIDDEN),
         Graded(name="multi_head_attention", points=4,
                signature="multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None)",
                make_cases=mha_cases, judge=judge_attention,
