@@ -14,7 +14,7 @@ PYTEST := $(PY) -m pytest
 FIRST  := notebooks/01_single_head_attention.ipynb
 NBVAL  := --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
-.PHONY: help install lab test test-unit test-notebooks test-exercises notebooks exercises bench lock clean
+.PHONY: help install lab test notebooks exercises bench autograder lock clean
 
 help:
 	@echo "make lab        open the course in JupyterLab (sets up .venv first)"
@@ -22,6 +22,7 @@ help:
 	@echo "make notebooks  re-execute every notebook and solution in place"
 	@echo "make exercises  regenerate exercises/ from solutions/"
 	@echo "make bench      run every benchmark and print the ratios"
+	@echo "make autograder build dist/autograder.zip for Gradescope"
 
 # (Re)create the environment whenever the pins or the package metadata change.
 $(STAMP): pyproject.toml $(LOCK)
@@ -48,6 +49,9 @@ exercises: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+autograder: $(STAMP)
+	$(PY) tools/build_autograder.py
 
 # Refresh the pins from what is installed in .venv (after a deliberate upgrade).
 lock: $(STAMP)

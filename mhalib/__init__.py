@@ -46,6 +46,8 @@ _LAZY = {
     "repeat_kv": "mhalib.attention",
     "KVCache": "mhalib.kv_cache",
     "kv_cache_bytes": "mhalib.kv_cache",
+    "decode_step": "mhalib.kv_cache",
+    "MODEL_CONFIGS": "mhalib.kv_cache",
     "ToyTransformer": "mhalib.transformer",
     "load_pretrained": "mhalib.transformer",
     "convert_kv": "mhalib.convert",
