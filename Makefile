@@ -32,8 +32,13 @@ $(STAMP): pyproject.toml $(LOCK)
 
 install: $(STAMP)
 
+# LAB_ARGS passes options to JupyterLab, e.g. make lab LAB_ARGS="--no-browser --port 8899".
+# As root (containers, some cloud machines) JupyterLab needs --allow-root.
+LAB_ARGS ?=
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab $(FIRST)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. $(ROOT_FLAG) $(LAB_ARGS) $(FIRST)
 
 test: $(STAMP)
 	$(PYTEST) tests --ignore=tests/browser -n 2
