@@ -1,4 +1,4 @@
-"""How live do the multi-head attention explorers feel? Kernel-side redraw time.
+"""How live do the explorers feel? Kernel-side redraw time.
 
 One redraw is what a slider move costs in the kernel: the render function (attention
 for the chosen sizes, the text, the figure) plus encoding the figure to PNG bytes, as
@@ -8,6 +8,9 @@ Goal: median redraw under 100 ms for every d_model <= 128 and H <= 16 on 2 cores
 Reported: median milliseconds per setting and the ratio to the goal (below 1 meets
 it), and, side by side in the same run, the ratio to drawing the same heads with one
 matplotlib Axes per head (``mhalib.plots.attention_grid``), the obvious way.
+The KV-cache explorer (notebook 05) and the GQA explorer (notebook 06) are held to
+the same goal: every model at its smallest, released and largest g, and every H
+with its smallest, middle and largest g.
 
 Usage: python benchmarks/bench_widgets.py
 """
@@ -24,8 +27,11 @@ matplotlib.use("Agg")
 from common import median_time, print_table  # noqa: E402
 
 from mhalib.sentences import SENTENCES  # noqa: E402
+from mhalib.kv_cache import MODEL_CONFIGS  # noqa: E402
 from mhalib.validation import divisors  # noqa: E402
 from mhalib.widgets.common import figure_png  # noqa: E402
+from mhalib.widgets.gqa import HEAD_OPTIONS, render_gqa  # noqa: E402
+from mhalib.widgets.kv import render_kv  # noqa: E402
 from mhalib.widgets.mha import (  # noqa: E402
     D_MODEL_OPTIONS,
     MAX_HEADS,
@@ -94,6 +100,39 @@ def main():
         axes = median_time(lambda: grid_redraw(d_model, h, LONG), repeat=3, warmup=1) * 1e3
         rows.append([d_model, h, f"{ours:.1f}", f"{axes:.1f}", f"{axes / ours:.1f}x"])
     print_table(["d_model", "H", "explorer ms", "Axes per head ms", "explorer faster by"], rows)
+
+    bench_kv()
+    bench_gqa()
+
+
+def bench_kv():
+    """KV-cache explorer: each model at its smallest, released and largest g."""
+    print("\nKV-cache explorer (notebook 05) redraw (render + PNG), median of 5, 4,096 tokens, fp16")
+    rows, kv_medians = [], []
+    for model, c in MODEL_CONFIGS.items():
+        options = divisors(c["num_heads"])
+        for g in sorted({options[0], c["num_kv_heads"], options[-1]}):
+            t = median_time(lambda: redraw(render_kv, 4096, g, model), repeat=5, warmup=1) * 1e3
+            kv_medians.append(t)
+            rows.append([model, c["num_heads"], g, f"{t:.1f}", f"{t / GOAL_MS:.2f}"])
+    print_table(["model", "H", "g", "median ms", "/ goal"], rows)
+    print(f"\nall {len(kv_medians)}: median {statistics.median(kv_medians):.1f} ms, worst {max(kv_medians):.1f} ms "
+          f"({max(kv_medians) / GOAL_MS:.2f} of the goal)")
+
+
+def bench_gqa():
+    """GQA explorer: each H at its smallest, middle and largest g."""
+    print("\nGQA explorer (notebook 06) redraw (render + PNG), median of 5, 4,096 tokens")
+    rows, gqa_medians = [], []
+    for h in HEAD_OPTIONS:
+        options = divisors(h)
+        for g in sorted({options[0], options[len(options) // 2], options[-1]}):
+            t = median_time(lambda: redraw(render_gqa, h, g, 4096), repeat=5, warmup=1) * 1e3
+            gqa_medians.append(t)
+            rows.append([h, g, f"{t:.1f}", f"{t / GOAL_MS:.2f}"])
+    print_table(["H", "g", "median ms", "/ goal"], rows)
+    print(f"\nall {len(gqa_medians)}: median {statistics.median(gqa_medians):.1f} ms, worst {max(gqa_medians):.1f} ms "
+          f"({max(gqa_medians) / GOAL_MS:.2f} of the goal)")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 * :func:`gqa_explorer`: the sliders. The g slider offers only the divisors of H; the
   render function explains any other value in plain words. It never raises.
 
-The cache sizes use a Llama-2-7B-like stack (32 layers, d_head 128, fp16), so the numbers
+The cache sizes use a Llama-2-7B-like stack (32 layers, d_k 128, fp16), so the numbers
 can be compared with notebook 05.
 """
 

@@ -54,9 +54,9 @@ def _render_kv(context_length, num_kv_heads, model="Llama-2-7B", dtype="fp16 / b
     own = kv_cache_bytes(c["num_layers"], c["num_kv_heads"], c["head_dim"], n, batch_size=b, bytes_per_element=bpe)
     kind = "MHA" if g == h else ("MQA" if g == 1 else f"GQA-{g}")
     text = (
-        f"<p><b>{html.escape(model)}</b> ({c['num_layers']} layers, H = {h}, d_head = {c['head_dim']}) "
+        f"<p><b>{html.escape(model)}</b> ({c['num_layers']} layers, H = {h}, d_k = {c['head_dim']}) "
         f"with <b>g = {g}</b> KV head{'s' if g > 1 else ''} ({kind}; the released model has g = {c['num_kv_heads']}).<br>"
-        f"Cache = 2 x layers x g x d_head x bytes = 2 x {c['num_layers']} x {g} x {c['head_dim']} x {bpe} "
+        f"Cache = 2 x layers x g x d_k x bytes = 2 x {c['num_layers']} x {g} x {c['head_dim']} x {bpe} "
         f"= <b>{format_bytes(per_token)} per token</b>; at {n:,} tokens"
         + (f" x batch {b}" if b > 1 else "")
         + f": <b>{format_bytes(total)}</b>"
