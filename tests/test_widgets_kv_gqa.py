@@ -153,3 +153,38 @@ def test_gqa_explorer_restricts_g_to_divisors():
     assert list(g_slider.options) == [1] and g_slider.value == 1
     message = box.children[2]
     assert "mhalib-explorer-message" in message._dom_classes and "MHA" in message.value
+
+
+# ------------------------------------------------------------------ both: nothing drawn off the canvas
+
+def _inside_canvas(fig):
+    """Every Axes, with its tick labels, axis labels, title and legend, lies inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    width, height = fig.bbox.width, fig.bbox.height
+    for ax in fig.axes:
+        box = ax.get_tightbbox(renderer)
+        assert box.x0 >= -1 and box.y0 >= -1 and box.x1 <= width + 1 and box.y1 <= height + 1, (
+            f"{ax.get_title() or ax.get_xlabel()!r} reaches outside the {width:.0f} x {height:.0f} canvas: {box}")
+
+
+@pytest.mark.parametrize("model", list(MODEL_CONFIGS))
+def test_kv_figure_fits_its_canvas(model):
+    # the longest labels: the largest batch in the y label, the largest context, g = 1 and g = H
+    for g in (1, MODEL_CONFIGS[model]["num_heads"]):
+        for dtype in DTYPE_BYTES:
+            view = render_kv(CONTEXT_OPTIONS[-1], g, model, dtype, batch_size=64)
+            assert view.ok, view.text
+            _inside_canvas(view.figure)
+
+
+@pytest.mark.parametrize("h", [1, 8, 16, 64])
+def test_gqa_figure_fits_its_canvas(h):
+    for g in (1, h):
+        for n in (GQA_CONTEXTS[0], GQA_CONTEXTS[-1]):
+            view = render_gqa(h, g, n)
+            assert view.ok, view.text
+            _inside_canvas(view.figure)

@@ -80,7 +80,9 @@ def _render_kv(context_length, num_kv_heads, model="Llama-2-7B", dtype="fp16 / b
     ax.plot(ns, ns * per_token * b / 2**30, color="black", lw=2.5, ls="--",
             label=f"{model} with g = {g}")
     ax.plot([n], [total / 2**30], "o", color="black", ms=8)
-    ax.annotate(format_bytes(total), (n, total / 2**30), textcoords="offset points", xytext=(6, -12))
+    right_end = n >= CONTEXT_OPTIONS[-3]  # near the right edge the label goes to the left of the point
+    ax.annotate(format_bytes(total), (n, total / 2**30), textcoords="offset points",
+                xytext=(-8, 4) if right_end else (6, -12), ha="right" if right_end else "left")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_locator(LogLocator(base=4))
