@@ -161,6 +161,89 @@ _add(Question(
 ))
 
 
+# Notebook 03: the traps of nn.MultiheadAttention and SDPA.
+_add(Question(
+    id="03.batch_first",
+    prompt="x has shape (8, 20, 64): 8 sentences of 20 tokens. What does "
+           "nn.MultiheadAttention(64, 8)(x, x, x) do?",
+    choices=(
+        Choice("It raises a shape error.", False,
+               "Both layouts are 3-D with d_model last, so every shape check passes. That is "
+               "what makes the misuse silent."),
+        Choice("It works correctly: PyTorch detects which axis is the batch.", False,
+               "No module can tell a batch axis from a sequence axis by looking at the "
+               "numbers; it follows batch_first, which defaults to False."),
+        Choice("It runs, reads x as 8 positions of 20 sentences, and mixes the 8 sentences "
+               "with each other.", True,
+               "batch_first=False is the default, so the first axis is taken as the sequence. "
+               "Nothing in the shapes is inconsistent, so nothing complains; the weights come "
+               "back as (20, 8, 8) instead of (8, 20, 20)."),
+        Choice("It returns an output of shape (20, 8, 64).", False,
+               "The output keeps the input's layout, (8, 20, 64): the shape looks right, "
+               "only the values are wrong."),
+    ),
+))
+
+_add(Question(
+    id="03.bool_mask",
+    prompt="mask = torch.triu(torch.ones(N, N, dtype=torch.bool), diagonal=1). "
+           "Which call gives causal attention?",
+    choices=(
+        Choice("F.scaled_dot_product_attention(q, k, v, attn_mask=mask)", False,
+               "SDPA reads True as 'allowed', so this mask lets every query see only the "
+               "future, and the last query sees nothing. Pass ~mask, or is_causal=True."),
+        Choice("nn.MultiheadAttention(..., attn_mask=mask)", True,
+               "In nn.MultiheadAttention True means 'not allowed': the mask blocks everything "
+               "above the diagonal, the future."),
+        Choice("Both: a boolean mask means the same everywhere in PyTorch.", False,
+               "The two functions use opposite conventions; only float masks (0 keep, "
+               "-inf block) mean the same in both."),
+        Choice("Neither: boolean masks must be converted to float first.", False,
+               "Both functions accept boolean masks; the trap is that they read them "
+               "in opposite ways."),
+    ),
+))
+
+_add(Question(
+    id="03.mask_3d",
+    prompt="B = 4 sentences, H = 8 heads, N = 10. You want a different mask for each "
+           "(sentence, head) pair in nn.MultiheadAttention. Which attn_mask shape does it accept?",
+    choices=(
+        Choice("(4, 10, 10)", False,
+               "One mask per sentence is the natural shape, but the module refuses it: a 3-D "
+               "mask must be (B * H, N, N). For padding, use key_padding_mask of shape (B, N)."),
+        Choice("(4, 8, 10, 10)", False,
+               "That is the shape of the scores, and what you would use in your own code, but "
+               "nn.MultiheadAttention accepts only 2-D or 3-D masks."),
+        Choice("(8, 10, 10)", False,
+               "A per-head mask of this shape is neither (N, N) nor (B * H, N, N); the module "
+               "refuses it. In hand-written code it would broadcast, but a 3-D mask is "
+               "ambiguous there too."),
+        Choice("(32, 10, 10), ordered sentence by sentence (b * H + h)", True,
+               "A 3-D mask must be (B * H, N, N): the module folds batch and heads into one "
+               "axis. Build it with repeat_interleave(H, dim=0) from a per-sentence mask."),
+    ),
+))
+
+_add(Question(
+    id="03.in_proj",
+    prompt="What is in_proj_weight of nn.MultiheadAttention(64, 8, bias=False)?",
+    choices=(
+        Choice("A (64, 192) tensor: [W_Q | W_K | W_V] side by side", False,
+               "That is the x @ W layout of NumPy code. PyTorch stores weights as "
+               "(d_out, d_in) and computes x @ W.T."),
+        Choice("A (192, 64) tensor: the rows of W_Q, then W_K, then W_V", True,
+               "nn.Linear weights are (d_out, d_in) and the three projections are stacked by "
+               "rows, so a fused output splits as (B, N, 3, H, d_head)."),
+        Choice("A (192, 64) tensor ordered head by head: q, k, v of head 0, then of head 1, ...",
+               False,
+               "Some codebases interleave per head, but nn.MultiheadAttention stacks whole "
+               "projections. Splitting it as (B, N, H, 3, d_head) runs and is wrong "
+               "(notebook 03, section 5, measures it)."),
+    ),
+))
+
+
 def questions(prefix=""):
     """The questions whose id starts with ``prefix`` (e.g. ``"02"``), in the order added."""
     return [q for qid, q in QUESTIONS.items() if qid == prefix or qid.startswith(f"{prefix}.") or not prefix]
