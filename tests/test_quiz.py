@@ -117,6 +117,7 @@ def test_quiz_widget_buttons_give_feedback():
 
 def test_notebook_03_has_its_four_questions():
     assert [q.id for q in questions("03")] == ["03.batch_first", "03.bool_mask", "03.mask_3d", "03.in_proj"]
+    assert len(quiz("03").children) == 4  # the notebook's quiz("03") shows all four
 
 
 def test_batch_first_answer_runs_and_mixes_the_sentences():
