@@ -244,6 +244,115 @@ _add(Question(
 ))
 
 
+# Notebook 05: the KV cache, its size, and why decoding is memory-bound.
+_add(Question(
+    id="05.exact",
+    prompt="Decoding with a KV cache instead of recomputing every key and value at each step: "
+           "how do the outputs change?",
+    choices=(
+        Choice("Slightly: the cache is an approximation that trades accuracy for speed.", False,
+               "Nothing is approximated. Notebook 05 decodes 32 tokens both ways and the outputs "
+               "agree to 1e-12; the cache holds exactly the keys and values recomputing rebuilds."),
+        Choice("Not at all: under the causal mask a token's key and value never depend on later "
+               "tokens, so the cached ones are exactly what recomputing would give.", True,
+               "Caching only skips repeated work. That is why every serving system uses it."),
+        Choice("The newest query must now be masked, or it would see future tokens.", False,
+               "The cache holds only the past and the newest token itself, all of which the newest "
+               "query may see: one query against the cache needs no mask."),
+    ),
+))
+
+_add(Question(
+    id="05.bytes",
+    prompt="Llama-3-8B: 32 layers, H = 32 query heads, g = 8 KV heads, d_k = 128, cache in fp16. "
+           "How many bytes does its KV cache hold per token?",
+    choices=(
+        Choice("64 KiB", False, "That counts only the keys (or only the values): the cache keeps "
+                                "both, hence the 2 in 2 x layers x g x d_k x bytes."),
+        Choice("128 KiB", True, "2 x 32 layers x 8 KV heads x 128 x 2 bytes = 131,072 bytes = 128 KiB, "
+                                "a quarter of Llama-2-7B's 512 KiB."),
+        Choice("512 KiB", False, "That uses the 32 query heads. Only the g = 8 key/value heads are "
+                                 "cached; 512 KiB is Llama-2-7B, which has g = H = 32."),
+        Choice("256 KiB", False, "That counts 4 bytes per number (fp32); fp16 is 2 bytes."),
+    ),
+))
+
+_add(Question(
+    id="05.memory_bound",
+    prompt="Why is one decoding step limited by memory bandwidth rather than by arithmetic?",
+    choices=(
+        Choice("The new query does about 1 FLOP per byte of cache it reads (fp16), far below an "
+               "accelerator's ridge point of hundreds of FLOP per byte.", True,
+               "Each cached key and value is read once and used by a single query; the processor "
+               "waits for bytes, so fewer bytes (fewer KV heads) means faster steps."),
+        Choice("The FLOPs grow faster with the context length than the bytes do.", False,
+               "Both grow linearly with n: 4 n d_k FLOPs against 2 n d_k numbers per head, so the "
+               "ratio stays about 1 FLOP per byte at any length."),
+        Choice("The softmax over n scores is the expensive part.", False,
+               "The softmax touches n numbers per head, while the step reads 2 n d_k numbers of "
+               "cache per head: the reads dominate."),
+    ),
+))
+
+
+# Notebook 06: MQA and GQA.
+_add(Question(
+    id="06.repeat",
+    prompt="H = 8 query heads, g = 2 K/V heads; k has shape (B, 2, N, d). Which line lets query "
+           "head h read K/V head h // 4, as GQA checkpoints expect?",
+    choices=(
+        Choice("k.repeat_interleave(4, dim=1)", True,
+               "Heads come out 0, 0, 0, 0, 1, 1, 1, 1: each K/V head next to itself, so consecutive "
+               "query heads share one."),
+        Choice("k.repeat(1, 4, 1, 1)", False,
+               "repeat tiles: 0, 1, 0, 1, ... Query heads 1, 3, 4 and 6 read the other group's K/V "
+               "head. It runs without an error, which is what makes the trap dangerous."),
+        Choice("k.expand(B, 8, N, d)", False,
+               "expand can only stretch an axis of size 1; the head axis has size 2, so this raises. "
+               "Insert a group axis first: k[:, :, None].expand(B, 2, 4, N, d).reshape(B, 8, N, d)."),
+        Choice("k.reshape(B, 8, N // 4, d)", False,
+               "That folds token positions into the head axis: the heads hold pieces of the sequence, "
+               "not copies of a K/V head."),
+    ),
+))
+
+_add(Question(
+    id="06.what_shrinks",
+    prompt="From MHA (g = H = 32) to GQA-8 (g = 8): what becomes 4 times smaller?",
+    choices=(
+        Choice("The number of query projections and of attention maps.", False,
+               "The queries stay: 32 query heads, each with its own attention map. GQA shares only "
+               "keys and values."),
+        Choice("The K and V projections and the KV cache, so the bytes a decoding step reads.", True,
+               "g key and g value heads instead of H: W_k, W_v and the cache, 2 g d_k n numbers per "
+               "layer, shrink by H / g = 4."),
+        Choice("The FLOPs of a decoding step.", False,
+               "Every query head still scores all n keys and mixes all n values: 4 H n d_k FLOPs "
+               "whatever g is. Only the bytes shrink."),
+        Choice("The output projection W_o.", False,
+               "W_o still reads the H query heads' outputs, d_model numbers per token."),
+    ),
+))
+
+_add(Question(
+    id="06.cpu_floor",
+    prompt="On a CPU, copy-free MQA (g = 1, H = 32) decodes only about 3 to 6 times faster than MHA, "
+           "not 32 times. Why?",
+    choices=(
+        Choice("MQA reads its one K/V head once per query head, 32 times.", False,
+               "Copy-free grouped attention reads each K/V head once for all the query heads that "
+               "share it; copying and re-reading is what repeat_kv then SDPA does for GQA-8."),
+        Choice("With 32 queries sharing each K/V head, a step does 16 FLOP per byte (fp32), past a "
+               "CPU's ridge point: the arithmetic, which g does not reduce, becomes the limit.", True,
+               "The roofline in notebook 06 predicts the ceiling from the machine's measured rates. "
+               "On a GPU the ridge point is far higher, so MQA stays memory-bound and keeps gaining."),
+        Choice("MQA's cache is too large for the processor's caches.", False,
+               "It is 32 times smaller than MHA's; the benchmark flushes the caches for every method "
+               "alike."),
+    ),
+))
+
+
 def questions(prefix=""):
     """The questions whose id starts with ``prefix`` (e.g. ``"02"``), in the order added."""
     return [q for qid, q in QUESTIONS.items() if qid == prefix or qid.startswith(f"{prefix}.") or not prefix]
