@@ -301,3 +301,18 @@ def test_step_explorer_lays_out_one_row_per_group():
     box = mha.step_explorer()
     controls = box.children[1]
     assert isinstance(controls, w.VBox) and len(controls.children) == 3
+
+
+@pytest.mark.parametrize("step,keys_are_tokens", [
+    ("split", False), ("scores", True), ("mask", True), ("softmax", True), ("weighted sum", False),
+])
+def test_step_panels_label_columns_as_tokens_only_for_key_positions(step, keys_are_tokens):
+    # d_model 8, H 2 and four tokens: d_head = N = 4, so shape alone cannot tell keys from features
+    from mhalib.widgets.mha import _step_panels, forward_steps
+
+    f = forward_steps("The cat sat on", 8, 2, causal=True)
+    panels = _step_panels(step, f, 2, True, annotate=False)
+    assert len(panels) == 2
+    for panel in panels:
+        assert panel.row_labels is not None and list(panel.row_labels) == list(f["tokens"])
+        assert (panel.col_labels is not None) == keys_are_tokens, panel.title

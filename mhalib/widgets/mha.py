@@ -241,9 +241,10 @@ def _step_panels(step, f, num_heads, causal, annotate):
     tokens = f["tokens"]
     fmt = "{:.1f}"
 
-    def per_head(name, arr, weights=False):
+    def per_head(name, arr, weights=False, keys_are_tokens=False):
+        # columns are key positions only for the (N, N) steps; otherwise they are features
         return [Panel(arr[h], f"head {h}: {name} {arr[h].shape}", tokens,
-                      tokens if arr.shape[-1] == len(tokens) else None,
+                      tokens if keys_are_tokens else None,
                       vmin=0.0 if weights else None, vmax=1.0 if weights else None,
                       annotate=annotate, fmt="{:.2f}" if weights else fmt)
                 for h in range(num_heads)]
@@ -256,11 +257,11 @@ def _step_panels(step, f, num_heads, causal, annotate):
     if step == "split":
         return per_head("Q_h", f["q_h"])
     if step == "scores":
-        return per_head("scores", f["scores"])
+        return per_head("scores", f["scores"], keys_are_tokens=True)
     if step == "mask":
-        return per_head("masked scores" if causal else "scores (no mask)", f["masked"])
+        return per_head("masked scores" if causal else "scores (no mask)", f["masked"], keys_are_tokens=True)
     if step == "softmax":
-        return per_head("weights", f["weights"], weights=True)
+        return per_head("weights", f["weights"], weights=True, keys_are_tokens=True)
     if step == "weighted sum":
         return per_head("out_h", f["heads"])
     if step == "concat":
