@@ -51,7 +51,7 @@ def test_causal_mask_rejects_nonpositive_n():
 
 # ---------------------------------------------------------------- single head
 
-def test_worked_example_from_the_course_spec():
+def test_worked_example_of_notebook_01():
     x = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0]], dtype=float)
     w1 = np.array([[1, 0], [0, 1], [0, 0], [0, 0]], dtype=float)
     w2 = np.array([[0, 0], [0, 0], [1, 0], [0, 1]], dtype=float)
