@@ -27,7 +27,8 @@ from mhalib.grade.protocol import Unsupported
 __all__ = [
     "Case", "Graded", "Exercise", "VISIBLE_SEED",
     "describe", "check_array", "check_pair", "match_variant", "close",
-    "NUMPY_ATTENTION_FORBIDDEN", "TORCH_ATTENTION_FORBIDDEN",
+    "NUMPY_ATTENTION_FORBIDDEN", "TORCH_ATTENTION_FORBIDDEN", "ATTENTION_FORBIDDEN",
+    "FROM_SCRATCH_FORBIDDEN",
 ]
 
 VISIBLE_SEED = 20240601
@@ -48,6 +49,10 @@ TORCH_ATTENTION_FORBIDDEN = (
     "torch.nn.functional.multi_head_attention_forward",
     "torch.nn.modules.activation.MultiheadAttention.forward",
 )
+# Both of the above: what any NumPy attention exercise may not call.
+ATTENTION_FORBIDDEN = (*NUMPY_ATTENTION_FORBIDDEN, *TORCH_ATTENTION_FORBIDDEN)
+# Exercises 01 and 02 build the blocks themselves: nothing from mhalib.np_attention either.
+FROM_SCRATCH_FORBIDDEN = ("mhalib.np_attention.*", *ATTENTION_FORBIDDEN)
 
 
 @dataclass

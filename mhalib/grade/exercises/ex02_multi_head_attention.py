@@ -6,7 +6,7 @@ import numpy as np
 
 from mhalib.grade.exercises import _numpy_variants as wrong
 from mhalib.grade.spec import (
-    NUMPY_ATTENTION_FORBIDDEN, TORCH_ATTENTION_FORBIDDEN, Case, Exercise, Graded,
+    FROM_SCRATCH_FORBIDDEN, Case, Exercise, Graded,
     check_array, check_pair, match_variant,
 )
 
@@ -158,8 +158,7 @@ def judge_attention(case, got, g=None):
     return None
 
 
-# Exercises 01 and 02 build the blocks themselves: nothing from mhalib.np_attention.
-_FORBIDDEN = ("mhalib.np_attention.*", *NUMPY_ATTENTION_FORBIDDEN, *TORCH_ATTENTION_FORBIDDEN)
+_FORBIDDEN = FROM_SCRATCH_FORBIDDEN
 
 EXERCISE = Exercise(
     key=KEY,

@@ -6,7 +6,7 @@ import numpy as np
 
 from mhalib.grade.exercises import _numpy_variants as wrong
 from mhalib.grade.spec import (
-    NUMPY_ATTENTION_FORBIDDEN, TORCH_ATTENTION_FORBIDDEN, Case, Exercise, Graded,
+    ATTENTION_FORBIDDEN, Case, Exercise, Graded,
     check_array, check_pair, describe,
 )
 
@@ -114,7 +114,7 @@ def judge_decode(case, got):
     return msg
 
 
-_FORBIDDEN = (*NUMPY_ATTENTION_FORBIDDEN, *TORCH_ATTENTION_FORBIDDEN)
+_FORBIDDEN = ATTENTION_FORBIDDEN
 
 EXERCISE = Exercise(
     key=KEY,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from mhalib.grade.exercises.ex02_multi_head_attention import attention_weights, judge_attention
-from mhalib.grade.spec import NUMPY_ATTENTION_FORBIDDEN, TORCH_ATTENTION_FORBIDDEN, Case, Exercise, Graded
+from mhalib.grade.spec import ATTENTION_FORBIDDEN, Case, Exercise, Graded
 
 KEY = "06_mqa_gqa"
 
@@ -55,7 +55,7 @@ def judge_mqa(case, got):
     return judge_attention(case, got, g=1)
 
 
-_FORBIDDEN = (*NUMPY_ATTENTION_FORBIDDEN, *TORCH_ATTENTION_FORBIDDEN)
+_FORBIDDEN = ATTENTION_FORBIDDEN
 
 EXERCISE = Exercise(
     key=KEY,
