@@ -137,15 +137,15 @@ def test_every_exercise_has_its_solution():
     assert exercises == solutions
 
 
-def test_no_machine_paths_or_tool_names_in_tracked_files():
+def test_no_machine_paths_in_tracked_files():
+    """The course works from any clone: no file may name the folder it was written in."""
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    pattern = re.compile(r"/work/|/tmp/brief|/root/|\.library|helper-\d")
+    places = {str(ROOT.parent) + "/", str(Path.home()) + "/"} - {"/"}
     offenders = []
     for name in files:
         path = ROOT / name
-        if path.suffix in {".pt", ".png", ".zip"} or not path.is_file() or name == "tests/test_repository.py":
+        if path.suffix in {".pt", ".png", ".zip"} or not path.is_file():
             continue
         text = path.read_text(errors="ignore")
-        if pattern.search(text):
-            offenders.append(name)
-    assert not offenders, f"machine paths or internal names in: {offenders}"
+        offenders += [f"{name}: {place}" for place in places if place in text]
+    assert not offenders, f"machine paths in tracked files: {offenders}"
