@@ -19,11 +19,10 @@ import statistics
 import time
 
 import torch
-from torch import nn
 
 from common import print_table
 
-from mhalib.attention import MultiHeadAttention
+from mhalib.attention import MultiHeadAttention, to_nn_multihead_attention
 
 # (B, N, d_model, H)
 SIZES = [(8, 512, 512, 8), (1, 128, 256, 4), (2, 1024, 768, 12)]
@@ -50,16 +49,6 @@ def paired_times(fn_a, fn_b, *, repeat=9, warmup=2):
     return statistics.median(times_a), statistics.median(times_b), ratio
 
 
-def torch_copy(module):
-    """``nn.MultiheadAttention(batch_first=True, bias=False)`` holding ``module``'s weights."""
-    ref = nn.MultiheadAttention(module.d_model, module.num_heads, bias=False, batch_first=True)
-    with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.cat(
-            [module.q_proj.weight, module.k_proj.weight, module.v_proj.weight]))  # (3 d_model, d_model)
-        ref.out_proj.weight.copy_(module.o_proj.weight)
-    return ref.eval()
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1,
@@ -69,7 +58,7 @@ def main(argv=None):
     rows = []
     for b, n, d_model, h in SIZES:
         ours = MultiHeadAttention(d_model, h).eval()
-        ref = torch_copy(ours)
+        ref = to_nn_multihead_attention(ours)
         x = torch.randn(b, n, d_model)  # (B, N, d_model)
         with torch.inference_mode():
             diff = (ours(x) - ref(x, x, x, need_weights=False)[0]).abs().max().item()

@@ -23,11 +23,10 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from common import print_table
 
-from mhalib.attention import MultiHeadAttention
+from mhalib.attention import MultiHeadAttention, to_nn_multihead_attention
 
 # (B, N, d_model, H): tiny (overhead), a medium batch, a long sequence
 SIZES = [(1, 16, 64, 8), (8, 128, 256, 8), (4, 512, 512, 8), (1, 2048, 256, 8)]
@@ -86,10 +85,7 @@ def variants(b, n, d_model, num_heads):
     ours = MultiHeadAttention(d_model, num_heads).eval()
     w_qkv = torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight])  # (3 d_model, d_model)
     w_o = ours.o_proj.weight  # (d_model, d_model)
-    ref = nn.MultiheadAttention(d_model, num_heads, bias=False, batch_first=True).eval()
-    with torch.no_grad():
-        ref.in_proj_weight.copy_(w_qkv)
-        ref.out_proj.weight.copy_(w_o)
+    ref = to_nn_multihead_attention(ours)
     x = torch.randn(b, n, d_model)  # (B, N, d_model)
     fns = {
         "loop": lambda: mha_loop(x, w_qkv, w_o, num_heads),

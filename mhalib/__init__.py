@@ -44,6 +44,7 @@ _LAZY = {
     "MultiQueryAttention": "mhalib.attention",
     "grouped_attention": "mhalib.attention",
     "repeat_kv": "mhalib.attention",
+    "to_nn_multihead_attention": "mhalib.attention",
     "KVCache": "mhalib.kv_cache",
     "kv_cache_bytes": "mhalib.kv_cache",
     "decode_step": "mhalib.kv_cache",

@@ -25,6 +25,7 @@ __all__ = [
     "GroupedQueryAttention",
     "MultiHeadAttention",
     "MultiQueryAttention",
+    "to_nn_multihead_attention",
 ]
 
 
@@ -267,3 +268,36 @@ class MultiQueryAttention(GroupedQueryAttention):
 
     def __init__(self, d_model, num_heads, bias=False):
         super().__init__(d_model, num_heads, 1, bias=bias)
+
+
+def to_nn_multihead_attention(module):
+    """``nn.MultiheadAttention(batch_first=True)`` computing what ``module`` computes.
+
+    ``module`` is a :class:`GroupedQueryAttention` (or anything with ``q_proj``,
+    ``k_proj``, ``v_proj``, ``o_proj``, ``d_model``, ``num_heads``, ``num_kv_heads``).
+    With g < H each key/value head is copied to the H/g consecutive query heads that
+    share it (``repeat_interleave`` order): GQA equals MHA with repeated K/V heads.
+    Biases are copied when the module has them. The result has the module's dtype
+    and is in eval mode.
+
+    Returns:
+        ``nn.MultiheadAttention(d_model, H, bias=..., batch_first=True)``.
+    """
+    h, g = module.num_heads, getattr(module, "num_kv_heads", module.num_heads)
+    head_dim = module.d_model // h
+    bias = module.q_proj.bias is not None
+    ref = nn.MultiheadAttention(module.d_model, h, bias=bias, batch_first=True)
+    ref = ref.to(module.q_proj.weight.dtype)
+
+    def per_query_head(t):  # (g * d_head, ...) -> (H * d_head, ...)
+        return t.reshape(g, head_dim, *t.shape[1:]).repeat_interleave(h // g, dim=0).reshape(h * head_dim, *t.shape[1:])
+
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([module.q_proj.weight, per_query_head(module.k_proj.weight),
+                                            per_query_head(module.v_proj.weight)]))  # (3 d_model, d_model)
+        ref.out_proj.weight.copy_(module.o_proj.weight)  # (d_model, d_model)
+        if bias:
+            ref.in_proj_bias.copy_(torch.cat([module.q_proj.bias, per_query_head(module.k_proj.bias),
+                                              per_query_head(module.v_proj.bias)]))  # (3 d_model,)
+            ref.out_proj.bias.copy_(module.o_proj.bias)
+    return ref.eval()

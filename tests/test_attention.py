@@ -17,17 +17,9 @@ from mhalib.attention import (
     causal_mask,
     grouped_attention,
     repeat_kv,
+    to_nn_multihead_attention,
 )
 from mhalib.validation import divisors
-
-
-def torch_mha_with_weights_of(module):
-    """nn.MultiheadAttention holding the weights of our MultiHeadAttention module."""
-    ref = torch.nn.MultiheadAttention(module.d_model, module.num_heads, bias=False, batch_first=True)
-    with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.cat([module.q_proj.weight, module.k_proj.weight, module.v_proj.weight]))
-        ref.out_proj.weight.copy_(module.o_proj.weight)
-    return ref
 
 
 def numpy_weights(module):
@@ -60,7 +52,7 @@ def test_attribute_names_follow_hugging_face():
 def test_mha_matches_torch_multihead_attention(b, n, d_model, h, causal):
     torch.manual_seed(0)
     ours = MultiHeadAttention(d_model, h).eval()
-    ref = torch_mha_with_weights_of(ours).eval()
+    ref = to_nn_multihead_attention(ours)
     x = torch.randn(b, n, d_model)
     mask = torch.triu(torch.ones(n, n, dtype=torch.bool), 1) if causal else None  # True = blocked, torch MHA convention
     with torch.no_grad():
@@ -129,6 +121,18 @@ def test_gqa_ends_are_mha_and_mqa():
         wide.k_proj.weight.copy_(mqa.k_proj.weight.repeat(4, 1))
         wide.v_proj.weight.copy_(mqa.v_proj.weight.repeat(4, 1))
     torch.testing.assert_close(wide(x, causal=True), mqa(x, causal=True), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_conversion_to_nn_multihead_attention_keeps_biases(bias):
+    torch.manual_seed(6)
+    m = GroupedQueryAttention(16, 4, 2, bias=bias).eval()
+    ref = to_nn_multihead_attention(m)
+    assert (ref.in_proj_bias is not None) == bias and ref.batch_first
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x, causal=True), ref(x, x, x, attn_mask=causal_mask(5).logical_not())[0],
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_repeat_kv_is_repeat_interleave_not_tile():

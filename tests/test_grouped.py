@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import mhalib.attention as attention
 from mhalib.attention import (
@@ -18,6 +17,7 @@ from mhalib.attention import (
     MultiQueryAttention,
     grouped_attention,
     repeat_kv,
+    to_nn_multihead_attention,
 )
 from mhalib.kv_cache import KVCache, kv_cache_bytes
 from mhalib.np_attention import grouped_query_attention as np_gqa
@@ -139,17 +139,7 @@ def test_repeat_kv_is_repeat_interleave_not_tile():
 
 def mha_with_repeated_kv(gqa):
     """An nn.MultiheadAttention whose H K/V heads are copies: head h gets KV head h // (H / g)."""
-    h, g, d = gqa.num_heads, gqa.num_kv_heads, gqa.head_dim
-    ref = nn.MultiheadAttention(gqa.d_model, h, batch_first=True, bias=False).double()
-
-    def repeat_rows(w):  # (g * d, d_model) -> (H * d, d_model)
-        return w.view(g, d, -1).repeat_interleave(h // g, dim=0).reshape(h * d, -1)
-
-    with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.cat([gqa.q_proj.weight, repeat_rows(gqa.k_proj.weight),
-                                            repeat_rows(gqa.v_proj.weight)]))
-        ref.out_proj.weight.copy_(gqa.o_proj.weight)
-    return ref
+    return to_nn_multihead_attention(gqa)
 
 
 @pytest.mark.parametrize("g", [8, 4, 2, 1])

@@ -3,9 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
-from mhalib.attention import GroupedQueryAttention
+from mhalib.attention import GroupedQueryAttention, to_nn_multihead_attention
 from mhalib.transformer import (
     ToyConfig, ToyTransformer, load_checkpoint, load_pretrained, save_checkpoint,
 )
@@ -35,10 +34,7 @@ def test_layer_matches_nn_multiheadattention_with_positions_on_q_and_k():
     layer, pos = model.layers[0], model.pos
     a = layer.attn
     x = torch.randn(2, 32, 64)
-    ref = nn.MultiheadAttention(64, 4, bias=False, batch_first=True)
-    with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
-        ref.out_proj.weight.copy_(a.o_proj.weight)
+    ref = to_nn_multihead_attention(a)
     causal = torch.triu(torch.ones(32, 32, dtype=torch.bool), diagonal=1)  # True = blocked
     expected, expected_w = ref(x + pos, x + pos, x, attn_mask=causal, average_attn_weights=False)
     got, got_w = layer(x, pos, need_weights=True)
