@@ -447,7 +447,7 @@ def quiz(*which):
     Returns:
         An ipywidgets ``VBox`` (class ``mhalib-quiz``).
     """
-    import ipywidgets as w
+    from mhalib.widgets.common import labelled_vbox
 
     qs = []
     for item in which:
@@ -458,6 +458,7 @@ def quiz(*which):
             if not found:
                 raise ValueError(f"no question matches {item!r}; known: {', '.join(QUESTIONS)}")
             qs.extend(found)
-    box = w.VBox([_question_widget(q) for q in qs])
+    count = f"{len(qs)} question{'s' if len(qs) != 1 else ''}"
+    box = labelled_vbox([_question_widget(q) for q in qs], f"[quiz, {count}; run the notebook to answer]")
     box.add_class("mhalib-quiz")
     return box

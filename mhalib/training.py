@@ -33,6 +33,36 @@ __all__ = [
 
 
 @contextlib.contextmanager
+def progress_bar(total, desc, enabled=True):
+    """A tqdm progress bar: a widget in Jupyter, text in a terminal.
+
+    In Jupyter the bar is shown with a display id and shown again in its final state
+    when the block ends, so a saved notebook's text form reads ``100%|...| 1500/1500``
+    rather than the ``0%`` the bar started with.
+    """
+    notebook = enabled and any(cls.__module__ == "tqdm.notebook" for cls in tqdm.__mro__)
+    bar = tqdm(total=total, desc=desc, disable=not enabled, mininterval=0.5,
+               **({"display": False} if notebook else {}))
+    handle = None
+    if notebook:
+        from IPython.display import display
+
+        handle = display(bar.container, display_id=True)
+    failed = False
+    try:
+        yield bar
+    except BaseException:
+        failed = True  # the bar turns red
+        raise
+    finally:
+        if bar.n < total and not failed:
+            bar.total = bar.n  # stopped early on purpose (a callback said so): not a failure
+        bar.close()
+        if handle is not None:
+            handle.update(bar.container)
+
+
+@contextlib.contextmanager
 def num_threads(n):
     """Run the block with ``torch.set_num_threads(n)`` (``None``: leave it), then restore."""
     if n is None:
@@ -114,8 +144,7 @@ def train(model, task=None, steps=3000, *, batch_size=64, lr=3e-3, seed=0, threa
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     history = {"loss": [], "accuracy": []}
     model.train()
-    with num_threads(threads), tqdm(total=steps, desc=desc, disable=not progress,
-                                    mininterval=0.5) as bar:
+    with num_threads(threads), progress_bar(steps, desc, enabled=progress) as bar:
         for step in range(steps):
             tokens, mask = task.sample(batch_size, generator)  # (B, N), (B, N)
             loss, accuracy = copy_loss(model(tokens), tokens, mask)

@@ -40,7 +40,8 @@ def execute(path: Path, timeout: int = 600) -> float:
     )
     client.execute()
     elapsed = time.perf_counter() - start
-    nb.metadata.pop("widgets", None)  # widget state is rebuilt live; keep diffs small
+    # nbclient stores the widgets' final state in the metadata, so that a saved notebook
+    # shows its widgets (sliders, progress bars) before it is run.
     nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
     nbformat.write(nb, path)
     return elapsed

@@ -33,6 +33,7 @@ __all__ = [
     "slider",
     "choice_slider",
     "explorer_box",
+    "labelled_vbox",
     "show_view",
     "connect",
     "Panel",
@@ -130,6 +131,33 @@ def choice_slider(description, options, value, **kwargs):
                              **kwargs)
 
 
+@lru_cache(maxsize=None)
+def _labelled_vbox_class():
+    import ipywidgets as w
+
+    class LabelledVBox(w.VBox):
+        """A ``VBox`` whose plain-text form is a short label.
+
+        A notebook viewer that cannot draw widgets (a saved notebook on a code-hosting
+        site, a terminal) shows a widget's plain text; ipywidgets' default is the
+        ``repr`` of every child, a long ``VBox(children=(HTML(...`` line.
+        """
+
+        def __init__(self, children, label):
+            super().__init__(children)
+            self._label = label
+
+        def __repr__(self):
+            return self._label
+
+    return LabelledVBox
+
+
+def labelled_vbox(children, label):
+    """An ipywidgets ``VBox`` of ``children`` whose plain-text form is ``label``."""
+    return _labelled_vbox_class()(children, label)
+
+
 def explorer_box(controls, *, title=None):
     """The standard explorer layout.
 
@@ -150,7 +178,8 @@ def explorer_box(controls, *, title=None):
     controls = list(controls)
     one_row = len(controls) <= 3 and not any(isinstance(c, w.Box) for c in controls)
     children += [w.HBox(controls) if one_row else w.VBox(controls), msg, out]
-    box = w.VBox(children)
+    name = f"explorer: {title}" if title else "explorer"
+    box = labelled_vbox(children, f"[{name}; run the notebook to use the sliders]")
     box.add_class("mhalib-explorer")
     return box, msg, out
 

@@ -35,3 +35,20 @@ def test_widget_notebooks_are_found():
     """
     found = {p.stem for p in widget_notebooks()}
     assert {"02_multi_head_attention", "05_kv_cache", "06_mqa_gqa"} <= found, found
+
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_a_stored_notebook_reads_cleanly_before_it_runs(notebook, lab_page, lab_server, screenshots):
+    """Opened and not run. JupyterLab 4 with ipywidgets 8 does not draw widgets from the
+    state saved in a notebook (jupyterlab/jupyterlab#15361; nbviewer and nbconvert's HTML
+    do, see tests/test_stored_outputs.py), so each widget shows its plain-text form: for the
+    course's explorers and quizzes a short label that says to run the notebook, never a
+    Python repr, a widget error or a traceback."""
+    nb = NotebookPage(lab_page, lab_server, f"notebooks/{notebook.name}").open()
+    nb.wait_widgets_rendered()
+    nb.screenshot(screenshots / f"{notebook.stem}-stored.png")
+    problems = nb.problems()
+    assert not problems, "\n".join(problems)
+    text = lab_page.inner_text(".jp-Notebook")
+    assert "run the notebook to use the sliders]" in text, f"{notebook.name}: no explorer label shown"
