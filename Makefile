@@ -14,6 +14,16 @@ PYTEST := $(PY) -m pytest
 FIRST  := notebooks/01_single_head_attention.ipynb
 NBVAL  := --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
+# The Pythons the course supports; requires-python in pyproject.toml and the README agree.
+PY_OLDEST := 3.10
+PY_NEWEST := 3.13
+# PyTorch's index of CPU-only wheels. On Linux torch comes from there first: PyPI's Linux
+# torch wheel is the CUDA build (about 530 MB, plus about 2.2 GB of CUDA libraries).
+# make lab TORCH_CPU_INDEX= (empty) skips it.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+PIP_FLAGS := --disable-pip-version-check
+TORCH_VERSION = $(shell sed -n 's/^torch==\([^;]*\).*/\1/p' $(LOCK))
+
 .PHONY: help install lab test notebooks exercises bench autograder lock clean
 
 help:
@@ -24,11 +34,72 @@ help:
 	@echo "make bench      run every benchmark and print the ratios"
 	@echo "make autograder build dist/autograder.zip for Gradescope"
 
+# Small Python programs the recipes below run (exported, read as "$$NAME").
+# CHECK_PY: is this Python one the course supports? argv: oldest newest what advice
+define CHECK_PY
+import sys
+oldest, newest, what, advice = sys.argv[1:5]
+found = "%d.%d.%d" % tuple(sys.version_info[:3])
+key = lambda v: tuple(int(p) for p in v.split("."))
+if not key(oldest) <= tuple(sys.version_info[:2]) <= key(newest):
+    sys.exit("make: %s is Python %s (%s); the course supports Python %s to %s.\n      %s"
+             % (what, found, sys.executable, oldest, newest, advice))
+print("==> Python %s (%s): supported (%s to %s)" % (found, sys.executable, oldest, newest))
+endef
+# PROBE_PY: does the package index argv[1] answer within 5 seconds?
+define PROBE_PY
+import sys, urllib.request
+try:
+    urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=5).close()
+except Exception as error:
+    print("    (%s: %s)" % (type(error).__name__, str(error)[:120]))
+    sys.exit(1)
+endef
+# TORCH_BUILD_PY: which torch build is installed (from its metadata, without importing it)
+define TORCH_BUILD_PY
+from importlib import metadata
+needs = metadata.requires("torch") or []
+cuda = any(r.startswith(("nvidia", "cuda")) for r in needs)
+print("==> torch %s is installed: the %s build" % (metadata.version("torch"), "CUDA" if cuda else "CPU"))
+endef
+export CHECK_PY PROBE_PY TORCH_BUILD_PY
+
 # (Re)create the environment whenever the pins or the package metadata change.
+# 1. check the Python (an existing $(VENV)'s own, or $(PYTHON) for a new one);
+# 2. on Linux, torch first: the CPU build from $(TORCH_CPU_INDEX) when it answers, else
+#    from the normal package index; 3. everything else, at the versions pinned in $(LOCK).
 $(STAMP): pyproject.toml $(LOCK)
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --disable-pip-version-check -q -c $(LOCK) -e '.[dev]'
+	@if [ -x $(PY) ]; then \
+	  $(PY) -c "$$CHECK_PY" $(PY_OLDEST) $(PY_NEWEST) "the Python of $(VENV)" \
+	    "Remove it with 'make clean', then run make again with a supported one, e.g. PYTHON=python$(PY_NEWEST)."; \
+	else \
+	  command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: no '$(PYTHON)' found. Install Python $(PY_OLDEST) to $(PY_NEWEST), or name one with PYTHON=, e.g. make lab PYTHON=python$(PY_NEWEST)" >&2; exit 1; }; \
+	  $(PYTHON) -c "$$CHECK_PY" $(PY_OLDEST) $(PY_NEWEST) "'$(PYTHON)'" \
+	    "Name a supported one with PYTHON=, e.g. make lab PYTHON=python$(PY_NEWEST)." && \
+	  echo "==> Creating the virtual environment $(VENV): everything goes there, nothing system-wide" && \
+	  $(PYTHON) -m venv $(VENV); \
+	fi
+	@echo "==> Installing into $(VENV). A first run downloads about 350 MB (torch, the CPU build, is about 190 MB of it); a few minutes."
+	@set -e; if [ "$$(uname -s)" = Linux ]; then \
+	  if [ -z "$(TORCH_CPU_INDEX)" ]; then \
+	    echo "==> torch $(TORCH_VERSION): TORCH_CPU_INDEX is empty, so from the normal package index"; \
+	    $(PIP) install $(PIP_FLAGS) -c $(LOCK) torch; \
+	  elif echo "==> Asking PyTorch's CPU index ($(TORCH_CPU_INDEX)) for torch, 5 s at most" && \
+	       $(PY) -c "$$PROBE_PY" "$(TORCH_CPU_INDEX)"; then \
+	    echo "==> torch $(TORCH_VERSION), the CPU build (about 190 MB), from $(TORCH_CPU_INDEX)"; \
+	    $(PIP) install $(PIP_FLAGS) --no-deps --index-url $(TORCH_CPU_INDEX) -c $(LOCK) torch; \
+	  else \
+	    echo "==> torch $(TORCH_VERSION): PyTorch's CPU index did not answer; from the normal package index instead."; \
+	    echo "    WARNING: PyPI's Linux torch wheel is the CUDA build: about 530 MB, plus about 2.2 GB of CUDA"; \
+	    echo "    libraries, unless pip already has the CPU wheel at hand (its cache, --find-links)."; \
+	    $(PIP) install $(PIP_FLAGS) -c $(LOCK) torch; \
+	  fi; \
+	fi
+	@echo "==> The course's packages at the versions pinned in $(LOCK), and mhalib from this folder (editable)"
+	$(PIP) install $(PIP_FLAGS) -c $(LOCK) -e '.[dev]'
+	@$(PY) -c "$$TORCH_BUILD_PY"
 	@touch $(STAMP)
+	@echo "==> $(VENV) is ready; later runs reuse it until $(LOCK) or pyproject.toml change."
 
 install: $(STAMP)
 
@@ -40,9 +111,18 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. $(ROOT_FLAG) $(LAB_ARGS) $(FIRST)
 
+# Stored outputs may not depend on the processor. PyTorch picks its kernels by the CPU
+# (ATEN_CPU_CAPABILITY: default, avx2, avx512, ...), and they round differently; the
+# notebooks whose numbers come from training run a second time with the portable kernels
+# on one thread, so a machine with a wider vector unit still checks a narrower one.
+PORTABLE := notebooks/04_what_heads_learn.ipynb notebooks/07_mha_to_gqa.ipynb \
+            solutions/04_what_heads_learn.ipynb solutions/07_mha_to_gqa.ipynb
+
 test: $(STAMP)
 	$(PYTEST) tests --ignore=tests/browser -n 2
 	$(PYTEST) $(NBVAL) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -n 2 --dist loadscope notebooks solutions
+	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 \
+	  $(PYTEST) $(NBVAL) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -n 2 --dist loadscope $(PORTABLE)
 	$(PYTEST) $(NBVAL) --nbval-lax -n 2 --dist loadscope exercises
 	$(PYTEST) tests/browser -p no:cacheprovider
 
@@ -58,10 +138,32 @@ bench: $(STAMP)
 autograder: $(STAMP)
 	$(PY) tools/build_autograder.py
 
-# Refresh the pins from what is installed in .venv (after a deliberate upgrade).
+# Refresh the pins from what is installed in .venv (after a deliberate upgrade; a .venv
+# made with Python 3.11 or newer). The lines for older Pythons, with a marker such as
+# python_version < "3.11", are kept as they are: they are kept by hand, as the newest
+# releases that still support Python $(PY_OLDEST). A frozen pin of the same package gets the
+# opposite marker (>= "3.11"). Then check every Python: pytest tests/test_python_versions.py
+define LOCK_PY
+import re, subprocess, sys
+lock, pip = sys.argv[1], sys.argv[2:]
+if sys.version_info[:2] < (3, 11):
+    sys.exit("make lock: the frozen pins are those for Python 3.11 and newer; this .venv has Python %d.%d" % sys.version_info[:2])
+key = lambda name: re.sub(r"[-_.]+", "-", name.split("==")[0].strip()).lower()
+old = open(lock).read().splitlines()
+header = [line for line in old[:next(i for i, l in enumerate(old) if not l.startswith("#"))]]
+kept = [line for line in old if re.search(r";\s*python(_full)?_version\s*<", line)]
+newer = {key(line): re.sub(r"<(?!=)", ">=", line.split(";", 1)[1].strip()) for line in kept}
+frozen = subprocess.run(pip + ["freeze", "--exclude-editable"], check=True, capture_output=True, text=True).stdout.split()
+pins = kept + [re.sub(r"^(torch==[^+]*)\+cpu$$", r"\1", line) + ("; " + newer[key(line)] if key(line) in newer else "")
+               for line in frozen]
+pins.sort(key=lambda line: (line.split("==")[0].lower(), ">=" in line))
+open(lock, "w").write("\n".join(header + pins) + "\n")
+print("==> %s: %d pins from %s, %d kept for older Pythons" % (lock, len(frozen), sys.executable, len(kept)))
+endef
+export LOCK_PY
+
 lock: $(STAMP)
-	{ echo "# Exact, tested versions (pip constraints). Regenerate with: make lock"; \
-	  $(PIP) freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > $(LOCK)
+	@$(PY) -c "$$LOCK_PY" $(LOCK) $(PIP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis artifacts

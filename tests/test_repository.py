@@ -17,14 +17,35 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIRS = ("notebooks", "solutions", "exercises")
 
 
-def lock_pins():
-    pins = {}
+def lock_lines():
+    """(name, version, marker) for every line of requirements/lock.txt; marker is a
+    packaging Marker, or None for a pin that holds on every Python."""
+    rows = []
     for line in (ROOT / "requirements" / "lock.txt").read_text().splitlines():
         line = line.split("#")[0].strip()
         if line:
-            name, version = line.split("==")
-            pins[canonical(name)] = version
-    return pins
+            rows.append(parse_pin(line))
+    return rows
+
+
+def parse_pin(line):
+    from packaging.markers import Marker
+
+    pin, _, marker = line.partition(";")
+    name, version = pin.split("==")
+    return canonical(name.strip()), version.strip(), Marker(marker) if marker.strip() else None
+
+
+def python_environment(version):
+    """Marker variables for Python `version` ("3.10" or "3.11.4")."""
+    full = version if version.count(".") == 2 else version + ".0"
+    return {"python_version": ".".join(full.split(".")[:2]), "python_full_version": full}
+
+
+def lock_pins(python=None):
+    """{name: version} that the lock gives Python `python` (default: the newest supported)."""
+    environment = python_environment(python or supported_pythons()[-1])
+    return {name: version for name, version, marker in lock_lines() if marker is None or marker.evaluate(environment)}
 
 
 def canonical(name):
@@ -35,30 +56,52 @@ def pyproject():
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
+def supported_pythons():
+    """The Python versions requires-python admits, e.g. ["3.10", "3.11", "3.12", "3.13"]."""
+    from packaging.specifiers import SpecifierSet
+
+    spec = SpecifierSet(pyproject()["project"]["requires-python"])
+    return [f"3.{minor}" for minor in range(40) if spec.contains(f"3.{minor}.0")]
+
+
 def requirement_name(req):
     return canonical(re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0])
 
 
-def environment_pins():
-    """Pins of environment.yml's pip section (a small parser: the file is flat YAML)."""
-    pins, in_pip = {}, False
+def environment_yml():
+    """(python spec, pip lines) of environment.yml (a small parser: the file is flat YAML)."""
+    python, pins, in_pip = None, [], False
     for line in (ROOT / "environment.yml").read_text().splitlines():
         stripped = line.strip()
-        if stripped.startswith("- pip:"):
+        if stripped.startswith("- python") and not in_pip:
+            python = stripped[len("- python"):].strip()
+        elif stripped.startswith("- pip:"):
             in_pip = True
-            continue
-        if in_pip and stripped.startswith("- ") and "==" in stripped:
-            name, version = stripped[2:].split("==")
-            pins[canonical(name)] = version.strip()
-    return pins
+        elif in_pip and stripped.startswith("- ") and "==" in stripped:
+            pins.append(parse_pin(stripped[2:]))
+    return python, pins
 
 
-def test_every_dependency_is_pinned_in_the_lock_file():
+def direct_requirements():
     project = pyproject()["project"]
-    requirements = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
-    pins = lock_pins()
-    missing = sorted({requirement_name(r) for r in requirements} - set(pins))
-    assert not missing, f"add exact pins to requirements/lock.txt for: {missing}"
+    return project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+
+
+def test_every_dependency_is_pinned_in_the_lock_file_for_every_supported_python():
+    for python in supported_pythons():
+        missing = sorted({requirement_name(r) for r in direct_requirements()} - set(lock_pins(python)))
+        assert not missing, f"add exact pins for Python {python} to requirements/lock.txt: {missing}"
+
+
+def test_the_lock_gives_at_most_one_pin_per_package_to_every_python():
+    for python in supported_pythons():
+        for full in (f"{python}.0", f"{python}.99"):
+            environment = python_environment(full)
+            seen = {}
+            for name, version, marker in lock_lines():
+                if marker is None or marker.evaluate(environment):
+                    assert name not in seen, f"Python {full}: {name} pinned twice ({seen[name]}, {version})"
+                    seen[name] = version
 
 
 def test_package_metadata_keeps_ranges_not_pins():
@@ -67,28 +110,78 @@ def test_package_metadata_keeps_ranges_not_pins():
     assert any(r.replace(" ", "").startswith("torch>=2.5") for r in pyproject()["project"]["dependencies"])
 
 
+def test_supported_pythons_agree_everywhere():
+    """requires-python, the README, the Makefile's check, the lock and environment.yml name
+    the same Pythons."""
+    pythons = supported_pythons()
+    oldest, newest = pythons[0], pythons[-1]
+    assert pythons and newest != "3.39", "requires-python needs a floor and a ceiling (>=3.N,<3.M)"
+    readme = (ROOT / "README.md").read_text()
+    start_here = readme.split("## Start here", 1)[1].split("\n## ", 1)[0]
+    assert f"Python {oldest} to {newest}" in start_here, f"README's Start here should say: Python {oldest} to {newest}"
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(rf"^PY_OLDEST\s*:?=\s*{re.escape(oldest)}\s*$", makefile, re.M), f"Makefile: PY_OLDEST := {oldest}"
+    assert re.search(rf"^PY_NEWEST\s*:?=\s*{re.escape(newest)}\s*$", makefile, re.M), f"Makefile: PY_NEWEST := {newest}"
+    lock_header = (ROOT / "requirements" / "lock.txt").read_text().splitlines()[0]
+    assert f"Python {oldest} to {newest}" in lock_header, f"requirements/lock.txt's first line should say Python {oldest} to {newest}"
+    python, _ = environment_yml()
+    assert python and python.lstrip("=") in pythons, f"environment.yml: python{python} is not one of {pythons}"
+    env_comment = (ROOT / "environment.yml").read_text().split("dependencies:", 1)[0]
+    assert f"{oldest} to {newest}" in env_comment, f"environment.yml's comment should say Python {oldest} to {newest}"
+
+
 def test_environment_yml_agrees_with_the_lock_file():
-    pins, env = lock_pins(), environment_pins()
+    _, env = environment_yml()
     assert env, "environment.yml has no pinned pip packages"
-    disagree = {name: (version, pins.get(name)) for name, version in env.items() if pins.get(name) != version}
-    assert not disagree, f"environment.yml vs requirements/lock.txt: {disagree}"
+    lock = {(name, version, str(marker)) for name, version, marker in lock_lines()}
+    disagree = [f"{n}=={v}" + (f"; {m}" if m else "") for n, v, m in env if (n, v, str(m)) not in lock]
+    assert not disagree, f"environment.yml lines that are not lines of requirements/lock.txt: {disagree}"
     project = pyproject()["project"]
     direct = {requirement_name(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
-    assert direct <= set(env), f"environment.yml lacks {sorted(direct - set(env))}"
+    for python in supported_pythons():
+        environment = python_environment(python)
+        named = [n for n, v, m in env if m is None or m.evaluate(environment)]
+        assert direct <= set(named), f"environment.yml lacks, for Python {python}: {sorted(direct - set(named))}"
+        assert len(named) == len(set(named)), f"environment.yml pins a package twice for Python {python}"
 
 
 def test_lock_pins_satisfy_the_package_ranges():
     from packaging.requirements import Requirement
 
-    pins = lock_pins()
     project = pyproject()["project"]
-    for req in project["dependencies"] + project["optional-dependencies"]["dev"]:
-        r = Requirement(req)
-        assert r.specifier.contains(pins[canonical(r.name)], prereleases=True), f"{r.name}=={pins[canonical(r.name)]} is outside {r}"
+    for python in supported_pythons():
+        pins = lock_pins(python)
+        for req in project["dependencies"] + project["optional-dependencies"]["dev"]:
+            r = Requirement(req)
+            pin = pins[canonical(r.name)]
+            assert r.specifier.contains(pin, prereleases=True), f"Python {python}: {r.name}=={pin} is outside {r}"
 
 
 def test_torch_pin_is_the_cpu_release():
     assert lock_pins()["torch"] == "2.13.0"
+
+
+def test_torch_pin_holds_on_every_supported_python():
+    assert {lock_pins(python)["torch"] for python in supported_pythons()} == {"2.13.0"}
+
+
+def install_recipe():
+    makefile = (ROOT / "Makefile").read_text()
+    return makefile.split("\n$(STAMP):", 1)[1].split("\n\n", 1)[0]
+
+
+def test_install_takes_torch_from_the_cpu_index_and_says_what_it_does():
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = install_recipe()
+    assert "https://download.pytorch.org/whl/cpu" in makefile
+    assert recipe.index("--index-url") < recipe.index("-e '.[dev]'"), "torch must come first, from the CPU index"
+    assert not re.search(r"\s-q\b|--quiet", recipe), "the install must show pip's progress (no -q)"
+    assert recipe.count("echo") >= 3, "the install should say what each step does"
+
+
+def test_readme_says_what_the_first_run_downloads():
+    start_here = (ROOT / "README.md").read_text().split("## Start here", 1)[1].split("\n## ", 1)[0]
+    assert "CPU" in start_here and "MB" in start_here and "GB" in start_here
 
 
 def test_readme_gives_the_two_commands_and_ci_runs_the_test_one():
