@@ -1,5 +1,5 @@
-"""The torch modules against independent oracles: nn.MultiheadAttention, SDPA with
-enable_gqa, and the NumPy reference."""
+"""The torch modules against independent oracles: nn.MultiheadAttention with the weights
+copied in by the test, and SDPA with enable_gqa; the NumPy core as a second implementation."""
 
 import numpy as np
 import pytest
@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 import mhalib
 from mhalib import np_attention as npa
@@ -15,11 +16,10 @@ from mhalib.attention import (
     MultiHeadAttention,
     MultiQueryAttention,
     causal_mask,
-    grouped_attention,
-    repeat_kv,
     to_nn_multihead_attention,
 )
 from mhalib.validation import divisors
+from oracles import parameter_count, torch_mha_holding
 
 
 def numpy_weights(module):
@@ -52,7 +52,7 @@ def test_attribute_names_follow_hugging_face():
 def test_mha_matches_torch_multihead_attention(b, n, d_model, h, causal):
     torch.manual_seed(0)
     ours = MultiHeadAttention(d_model, h).eval()
-    ref = to_nn_multihead_attention(ours)
+    ref = torch_mha_holding(ours, h, h)
     x = torch.randn(b, n, d_model)
     mask = torch.triu(torch.ones(n, n, dtype=torch.bool), 1) if causal else None  # True = blocked, torch MHA convention
     with torch.no_grad():
@@ -73,10 +73,13 @@ def test_gqa_matches_sdpa_enable_gqa(b, n, d_model, causal, data):
     torch.manual_seed(n * 31 + d_model)
     m = GroupedQueryAttention(d_model, h, g).eval()
     x = torch.randn(b, n, d_model)
+    d = d_model // h
     with torch.no_grad():
-        q, k, v = m.project(x)
+        q = (x @ m.q_proj.weight.T).view(b, n, h, d).transpose(1, 2)  # (B, H, N, d)
+        k = (x @ m.k_proj.weight.T).view(b, n, g, d).transpose(1, 2)  # (B, g, N, d)
+        v = (x @ m.v_proj.weight.T).view(b, n, g, d).transpose(1, 2)  # (B, g, N, d)
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)  # (B, H, N, d)
-        ref = m.o_proj(ref.transpose(1, 2).reshape(b, n, d_model))
+        ref = ref.transpose(1, 2).reshape(b, n, d_model) @ m.o_proj.weight.T  # (B, N, d_model)
         out = m(x, causal=causal)
         out_w, _ = m(x, causal=causal, need_weights=True)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -100,58 +103,61 @@ def test_torch_and_numpy_paths_agree(d_model, n, data):
     np.testing.assert_allclose(w.numpy(), ref_w, atol=1e-12)
 
 
-def test_gqa_ends_are_mha_and_mqa():
+@pytest.mark.parametrize("causal", [False, True])
+def test_mqa_equals_nn_multihead_attention_with_one_shared_kv_head(causal):
     torch.manual_seed(1)
-    x = torch.randn(2, 6, 32)
-    gqa = GroupedQueryAttention(32, 4, 4)
-    mha = MultiHeadAttention(32, 4)
-    mha.load_state_dict(gqa.state_dict())
-    torch.testing.assert_close(gqa(x, causal=True), mha(x, causal=True))
-
-    gqa1 = GroupedQueryAttention(32, 4, 1)
-    mqa = MultiQueryAttention(32, 4)
-    assert mqa.k_proj.weight.shape == (8, 32)
-    mqa.load_state_dict(gqa1.state_dict())
-    torch.testing.assert_close(gqa1(x), mqa(x))
-    # MQA = MHA whose K/V heads are all copies of the one shared head
-    wide = MultiHeadAttention(32, 4)
+    mqa = MultiQueryAttention(32, 4).eval()
+    assert mqa.num_kv_heads == 1 and mqa.k_proj.weight.shape == mqa.v_proj.weight.shape == (8, 32)
+    ref = nn.MultiheadAttention(32, 4, bias=False, batch_first=True)
+    with torch.no_grad():  # every query head gets a copy of the one K/V head
+        ref.in_proj_weight.copy_(torch.cat([mqa.q_proj.weight, mqa.k_proj.weight.repeat(4, 1),
+                                            mqa.v_proj.weight.repeat(4, 1)]))  # (3 d_model, d_model)
+        ref.out_proj.weight.copy_(mqa.o_proj.weight)  # (d_model, d_model)
+    x = torch.randn(2, 6, 32)  # (B, N, d_model)
+    mask = torch.ones(6, 6, dtype=torch.bool).triu(1) if causal else None  # True = blocked in nn.MHA
     with torch.no_grad():
-        wide.q_proj.weight.copy_(mqa.q_proj.weight)
-        wide.o_proj.weight.copy_(mqa.o_proj.weight)
-        wide.k_proj.weight.copy_(mqa.k_proj.weight.repeat(4, 1))
-        wide.v_proj.weight.copy_(mqa.v_proj.weight.repeat(4, 1))
-    torch.testing.assert_close(wide(x, causal=True), mqa(x, causal=True), atol=1e-6, rtol=1e-5)
+        want, want_w = ref(x, x, x, attn_mask=mask, average_attn_weights=False)
+        got, got_w = mqa(x, causal=causal, need_weights=True)
+        fast = mqa(x, causal=causal)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_w, want_w, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_parameter_counts_equal_those_of_real_torch_modules(bias):
+    d_model, h = 64, 8
+    d_head = d_model // h
+    # MHA has exactly the parameters of torch's own multi-head attention
+    assert parameter_count(MultiHeadAttention(d_model, h, bias=bias)) == parameter_count(
+        nn.MultiheadAttention(d_model, h, bias=bias))
+    # MQA and GQA: full-width Q and O, K and V of g * d_head outputs each
+    for module, g in ((MultiQueryAttention(d_model, h, bias=bias), 1),
+                      (GroupedQueryAttention(d_model, h, 2, bias=bias), 2)):
+        q_o = [nn.Linear(d_model, d_model, bias=bias) for _ in range(2)]
+        k_v = [nn.Linear(d_model, g * d_head, bias=bias) for _ in range(2)]
+        assert parameter_count(module) == parameter_count(*q_o, *k_v), type(module).__name__
 
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_conversion_to_nn_multihead_attention_keeps_biases(bias):
     torch.manual_seed(6)
     m = GroupedQueryAttention(16, 4, 2, bias=bias).eval()
-    ref = to_nn_multihead_attention(m)
-    assert (ref.in_proj_bias is not None) == bias and ref.batch_first
-    x = torch.randn(2, 5, 16)
+    converted = to_nn_multihead_attention(m)
+    by_hand = torch_mha_holding(m, 4, 2)  # K/V head j copied to query heads 2j and 2j + 1
+    assert isinstance(converted, nn.MultiheadAttention) and converted.batch_first and not converted.training
+    assert (converted.in_proj_bias is not None) == bias
+    torch.testing.assert_close(converted.in_proj_weight, by_hand.in_proj_weight, atol=0, rtol=0)
+    torch.testing.assert_close(converted.out_proj.weight, by_hand.out_proj.weight, atol=0, rtol=0)
+    if bias:
+        torch.testing.assert_close(converted.in_proj_bias, by_hand.in_proj_bias, atol=0, rtol=0)
+        torch.testing.assert_close(converted.out_proj.bias, by_hand.out_proj.bias, atol=0, rtol=0)
+    x = torch.randn(2, 5, 16)  # (B, N, d_model)
+    blocked = torch.ones(5, 5, dtype=torch.bool).triu(1)  # True = blocked in nn.MHA
     with torch.no_grad():
-        torch.testing.assert_close(m(x, causal=True), ref(x, x, x, attn_mask=causal_mask(5).logical_not())[0],
-                                   atol=1e-5, rtol=1e-5)
-
-
-def test_repeat_kv_is_repeat_interleave_not_tile():
-    x = torch.arange(2 * 3 * 1 * 1).reshape(2, 3, 1, 1).float()
-    torch.testing.assert_close(repeat_kv(x, 2), torch.repeat_interleave(x, 2, dim=1))
-    assert repeat_kv(x, 2)[0, :, 0, 0].tolist() == [0, 0, 1, 1, 2, 2]
-
-
-@pytest.mark.parametrize("n_q,n_k", [(1, 7), (3, 7), (5, 5)])
-@pytest.mark.parametrize("h,g", [(8, 8), (8, 2), (8, 1)])
-def test_grouped_attention_matches_sdpa_including_bottom_right_causal(n_q, n_k, h, g):
-    torch.manual_seed(2)
-    q = torch.randn(2, h, n_q, 16)
-    k, v = torch.randn(2, g, n_k, 16), torch.randn(2, g, n_k, 16)
-    for causal in (False, True):
-        ours = grouped_attention(q, k, v, causal=causal)
-        mask = causal_mask(n_q, n_k) if causal else None  # bottom-right aligned, True = attend
-        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+        want = by_hand(x, x, x, attn_mask=blocked)[0]  # (B, N, d_model)
+        torch.testing.assert_close(converted(x, x, x, attn_mask=blocked)[0], want, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(m(x, causal=True), want, atol=1e-5, rtol=1e-5)
 
 
 def test_causal_mask_is_bottom_right_aligned():
@@ -169,12 +175,15 @@ def test_bool_float_and_4d_masks_agree():
     keep[:, 0] = True
     additive = torch.zeros(5, 5).masked_fill(~keep, float("-inf"))
     with torch.no_grad():
+        want, want_w = torch_mha_holding(m, 4, 2)(x, x, x, attn_mask=~keep, average_attn_weights=False)
         a = m(x, attn_mask=keep)
         b = m(x, attn_mask=additive)
         c = m(x, attn_mask=keep[None, None].expand(2, 1, 5, 5))
         _, w = m(x, attn_mask=keep, need_weights=True)
-    torch.testing.assert_close(a, b)
-    torch.testing.assert_close(a, c)
+    torch.testing.assert_close(a, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(c, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(w, want_w, atol=1e-6, rtol=1e-5)
     assert torch.all(w[:, :, ~keep] == 0)
 
 
@@ -184,10 +193,14 @@ def test_a_batch_specific_mask_is_applied_to_its_own_batch_element():
     x = torch.randn(2, 4, 8)
     keep = torch.ones(2, 1, 4, 4, dtype=torch.bool)
     keep[1, :, :, 2:] = False  # only batch element 1 is restricted
+    blocked = (~keep).expand(2, 2, 4, 4).reshape(2 * 2, 4, 4)  # (B * H, N, N), batch-major as nn.MHA reads it
     with torch.no_grad():
-        _, w = m(x, attn_mask=keep, need_weights=True)
+        out, w = m(x, attn_mask=keep, need_weights=True)
+        want, want_w = torch_mha_holding(m, 2, 2)(x, x, x, attn_mask=blocked, average_attn_weights=False)
     assert torch.all(w[1, :, :, 2:] == 0)
     assert torch.all(w[0, :, :, 2:] > 0)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(w, want_w, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -219,9 +232,21 @@ def test_forward_errors_name_what_was_given():
         m(np.zeros((2, 5, 16)))
 
 
-def test_gradients_flow_through_every_projection():
+def test_gradients_of_every_projection_equal_nn_multihead_attention():
     torch.manual_seed(5)
-    m = GroupedQueryAttention(16, 4, 2)
-    m(torch.randn(2, 3, 16), causal=True).sum().backward()
+    h, g, d_model, d = 4, 2, 16, 4
+    m = GroupedQueryAttention(d_model, h, g)
+    ref = torch_mha_holding(m, h, g).train()
+    x = torch.randn(2, 3, d_model)  # (B, N, d_model)
+    m(x, causal=True).square().sum().backward()
+    ref(x, x, x, attn_mask=torch.ones(3, 3, dtype=torch.bool).triu(1))[0].square().sum().backward()
+    g_q, g_k, g_v = ref.in_proj_weight.grad.chunk(3)  # each (d_model, d_model): H heads of d rows
+    # a shared K/V head collects the gradients of the H / g query heads that read it
+    g_k = g_k.view(g, h // g, d, d_model).sum(1).reshape(g * d, d_model)  # (g * d, d_model)
+    g_v = g_v.view(g, h // g, d, d_model).sum(1).reshape(g * d, d_model)  # (g * d, d_model)
+    torch.testing.assert_close(m.q_proj.weight.grad, g_q, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(m.k_proj.weight.grad, g_k, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(m.v_proj.weight.grad, g_v, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(m.o_proj.weight.grad, ref.out_proj.weight.grad, atol=1e-5, rtol=1e-4)
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
         assert getattr(m, name).weight.grad.abs().sum() > 0, name

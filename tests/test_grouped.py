@@ -2,10 +2,10 @@
 special cases, and decoding with a KV cache against full recomputation.
 
 Oracles: ``F.scaled_dot_product_attention(..., enable_gqa=True)``, ``nn.MultiheadAttention``
-holding repeated K/V weights, and an explicit loop over query heads.
+holding repeated K/V weights copied in by the test, and an explicit loop over query heads
+(``tests/oracles.py``, which imports nothing from mhalib).
 """
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,40 +13,13 @@ import torch.nn.functional as F
 import mhalib.attention as attention
 from mhalib.attention import (
     GroupedQueryAttention,
-    MultiHeadAttention,
-    MultiQueryAttention,
     grouped_attention,
     repeat_kv,
-    to_nn_multihead_attention,
 )
 from mhalib.kv_cache import KVCache, kv_cache_bytes
-from mhalib.np_attention import grouped_query_attention as np_gqa
+from oracles import allowed_by_loop, blocked_future, loop_attention, torch_mha_holding
 
 H = 8
-
-
-def bottom_right_allowed(n_q, n_k):
-    """Query i (the (n_k - n_q + i)-th position) may see keys 0 .. n_k - n_q + i; built by a loop."""
-    allowed = torch.zeros(n_q, n_k, dtype=torch.bool)
-    for i in range(n_q):
-        for j in range(n_k):
-            allowed[i, j] = j <= n_k - n_q + i
-    return allowed
-
-
-def loop_attention(q, k, v, allowed=None):
-    """Explicit loop over query heads: head h reads key/value head h // (H // g)."""
-    b, h, n_q, d = q.shape
-    g = k.shape[1]
-    out = torch.empty_like(q)
-    for bi in range(b):
-        for hi in range(h):
-            kv = hi // (h // g)
-            s = q[bi, hi] @ k[bi, kv].T / d ** 0.5  # (N_q, N_k)
-            if allowed is not None:
-                s = s.masked_fill(~allowed, float("-inf"))
-            out[bi, hi] = torch.softmax(s, -1) @ v[bi, kv]
-    return out
 
 
 def qkv(b, g, n_q, n_k, d=16, dtype=torch.float64, seed=0):
@@ -66,11 +39,11 @@ def test_grouped_attention_equals_sdpa_enable_gqa(g, n_q, n_k, causal):
     assert got.shape == (2, H, n_q, 16)
     if causal and n_q != n_k:
         # SDPA's is_causal is aligned to the top left; decoding needs bottom right.
-        want = F.scaled_dot_product_attention(q, k, v, attn_mask=bottom_right_allowed(n_q, n_k), enable_gqa=True)
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_by_loop(n_q, n_k), enable_gqa=True)
     else:
         want = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
-    torch.testing.assert_close(got, loop_attention(q, k, v, bottom_right_allowed(n_q, n_k) if causal else None),
+    torch.testing.assert_close(got, loop_attention(q, k, v, allowed_by_loop(n_q, n_k) if causal else None)[0],
                                atol=1e-10, rtol=1e-10)
 
 
@@ -100,7 +73,7 @@ def test_grouped_attention_weights_rows_sum_to_one_and_match_repeated_kv():
     torch.testing.assert_close(w.sum(-1), torch.ones(2, H, 4, dtype=torch.float64))
     kr = k.repeat_interleave(H // 2, dim=1)  # (B, H, N_k, d)
     s = q @ kr.transpose(-1, -2) / 16 ** 0.5
-    s = s.masked_fill(~bottom_right_allowed(4, 7), float("-inf"))
+    s = s.masked_fill(~allowed_by_loop(4, 7), float("-inf"))
     torch.testing.assert_close(w, torch.softmax(s, -1))
     torch.testing.assert_close(out, w @ v.repeat_interleave(H // 2, dim=1))
 
@@ -109,14 +82,16 @@ def test_grouped_attention_never_repeats_kv(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("grouped_attention must not repeat K/V")
 
+    q, k, v = qkv(1, 2, 1, 50)  # one decoding query against 50 cached positions
+    want, _ = loop_attention(q, k, v)  # (B, H, 1, d); the last query sees every key
     monkeypatch.setattr(attention, "repeat_kv", refuse)
     monkeypatch.setattr(torch, "repeat_interleave", refuse)
     monkeypatch.setattr(torch.Tensor, "repeat_interleave", refuse)
     monkeypatch.setattr(torch.Tensor, "repeat", refuse)
     monkeypatch.setattr(torch.Tensor, "expand", refuse)
-    q, k, v = qkv(1, 2, 1, 50)
     out = grouped_attention(q, k, v, causal=True)
     assert out.shape == (1, H, 1, 16)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
 
 
 @pytest.mark.parametrize("bad", [
@@ -133,13 +108,9 @@ def test_grouped_attention_bad_shapes_raise_value_error(bad):
 def test_repeat_kv_is_repeat_interleave_not_tile():
     x = torch.arange(2 * 4 * 3 * 2, dtype=torch.float32).reshape(2, 4, 3, 2)  # (B, g, N, d)
     assert torch.equal(repeat_kv(x, 3), x.repeat_interleave(3, dim=1))
+    assert repeat_kv(x, 3)[0, :, 0, 0].tolist() == [0, 0, 0, 6, 6, 6, 12, 12, 12, 18, 18, 18]  # head j first
     assert not torch.equal(repeat_kv(x, 3), x.repeat(1, 3, 1, 1))  # tiling groups the wrong heads
     assert repeat_kv(x, 1) is x
-
-
-def mha_with_repeated_kv(gqa):
-    """An nn.MultiheadAttention whose H K/V heads are copies: head h gets KV head h // (H / g)."""
-    return to_nn_multihead_attention(gqa)
 
 
 @pytest.mark.parametrize("g", [8, 4, 2, 1])
@@ -148,8 +119,8 @@ def test_module_equals_nn_multihead_with_repeated_kv(g, causal):
     torch.manual_seed(0)
     layer = GroupedQueryAttention(32, H, g).double()
     x = torch.randn(3, 6, 32, dtype=torch.float64)
-    ref = mha_with_repeated_kv(layer)
-    mask = torch.ones(6, 6, dtype=torch.bool).triu(1) if causal else None  # True = blocked in nn.MHA
+    ref = torch_mha_holding(layer, H, g)  # query head h holds K/V head h // (H / g)
+    mask = blocked_future(6) if causal else None  # True = blocked in nn.MHA
     want, want_w = ref(x, x, x, attn_mask=mask, need_weights=True, average_attn_weights=False)
     got = layer(x, causal=causal)
     got2, got_w = layer(x, causal=causal, need_weights=True)
@@ -158,31 +129,14 @@ def test_module_equals_nn_multihead_with_repeated_kv(g, causal):
     torch.testing.assert_close(got_w, want_w)
 
 
-def test_g_equals_h_is_mha_and_g_one_is_mqa():
-    torch.manual_seed(0)
-    x = torch.randn(2, 5, 32, dtype=torch.float64)
-    mha = MultiHeadAttention(32, H).double()
-    gqa = GroupedQueryAttention(32, H, H).double()
-    gqa.load_state_dict(mha.state_dict())
-    torch.testing.assert_close(gqa(x, causal=True), mha(x, causal=True))
-    mqa = MultiQueryAttention(32, H).double()
-    assert mqa.k_proj.weight.shape == (32 // H, 32)  # one K head of d_head columns
-    gqa1 = GroupedQueryAttention(32, H, 1).double()
-    gqa1.load_state_dict(mqa.state_dict())
-    torch.testing.assert_close(gqa1(x), mqa(x))
-    # and both agree with the NumPy reference (x @ W convention: W = weight.T)
-    w = [m.weight.detach().numpy().T for m in (mqa.q_proj, mqa.k_proj, mqa.v_proj, mqa.o_proj)]
-    want, _ = np_gqa(x.numpy(), *w, H, 1)
-    np.testing.assert_allclose(mqa(x).detach().numpy(), want, atol=1e-12)
-
-
 @pytest.mark.parametrize("g", [8, 2, 1])
 @pytest.mark.parametrize("prompt", [1, 4])
 def test_cached_decoding_equals_full_recomputation(g, prompt):
     torch.manual_seed(0)
     layer = GroupedQueryAttention(32, H, g)
     x = torch.randn(2, 12, 32)
-    full = layer(x, causal=True)  # (B, N, d_model), every position recomputed
+    with torch.no_grad():  # (B, N, d_model), every position recomputed by torch's own attention
+        full = torch_mha_holding(layer, H, g)(x, x, x, attn_mask=blocked_future(12))[0]
     cache = KVCache(capacity=2)  # small, so the buffer must grow
     steps = [layer(x[:, :prompt], causal=True, kv_cache=cache)]
     for t in range(prompt, 9):
@@ -204,8 +158,11 @@ def test_cached_decode_step_weights_cover_the_whole_cache():
     layer(x[:, :5], causal=True, kv_cache=cache)
     out, w = layer(x[:, 5:], causal=True, kv_cache=cache, need_weights=True)
     assert w.shape == (1, 4, 1, 6)
-    _, w_full = layer(x, causal=True, need_weights=True)
-    torch.testing.assert_close(w[:, :, 0], w_full[:, :, -1])
+    with torch.no_grad():
+        want, w_full = torch_mha_holding(layer, 4, 2)(x, x, x, attn_mask=blocked_future(6),
+                                                      average_attn_weights=False)  # (B, N, d), (B, H, N, N)
+    torch.testing.assert_close(w[:, :, 0], w_full[:, :, -1], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out[:, 0], want[:, -1], atol=1e-5, rtol=1e-5)
 
 
 def test_cache_with_more_queries_than_keys_is_refused():

@@ -50,7 +50,8 @@ def test_previous_token_score_extremes():
     uniform = np.tri(n) / np.arange(1, n + 1)[:, None]
     w = np.stack([shifted, uniform])  # (2, N, N)
     np.testing.assert_allclose(previous_token_score(w), [1.0, np.mean(1 / np.arange(2, n + 1))])
-    assert previous_token_score(torch.tensor(w)).shape == (2,)
+    np.testing.assert_allclose(np.asarray(previous_token_score(torch.tensor(w))),
+                               [1.0, np.mean(1 / np.arange(2, n + 1))])
 
 
 @pytest.mark.parametrize("kind", ["induction", "duplicate"])

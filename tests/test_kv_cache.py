@@ -1,11 +1,13 @@
 """The KV cache: the bytes formula on real model configurations, the cache buffer, and the
-NumPy decode step against full causal attention recomputed from scratch."""
+NumPy decode step against full causal attention recomputed from scratch by torch's SDPA."""
+
+import re
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
-from mhalib import np_attention as npa
 from mhalib.kv_cache import (
     MODEL_CONFIGS,
     KVCache,
@@ -68,7 +70,10 @@ def test_model_configs_are_consistent_and_sourced():
         assert c["num_heads"] % c["num_kv_heads"] == 0, name
         kind = "MHA" if c["num_kv_heads"] == c["num_heads"] else ("MQA" if c["num_kv_heads"] == 1 else "GQA")
         assert c["attention"] == kind, name
-        assert len(c["source"]) > 20, name
+        # the cited source states the sizes it is cited for, and is a paper or a model card
+        numbers = set(re.findall(r"\d+", c["source"]))
+        assert {str(c["num_layers"]), str(c["d_model"])} <= numbers, (name, c["source"])
+        assert re.search(r"et al\. (19|20)\d\d|model card", c["source"]), (name, c["source"])
     with pytest.raises(ValueError, match="choose one of"):
         model_kv_bytes("Llama-9")
 
@@ -116,13 +121,28 @@ def weights(rng, d_model, kv_dim):
             ((d_model, d_model), (d_model, kv_dim), (d_model, kv_dim), (d_model, d_model))]
 
 
+def heads(a, num_heads):
+    """(B, N, num_heads * d_head) -> (B, num_heads, N, d_head) as a torch tensor."""
+    b, n, width = a.shape
+    return torch.from_numpy(a).view(b, n, num_heads, width // num_heads).transpose(1, 2)
+
+
+def causal_attention_by_sdpa(x, w_q, w_k, w_v, w_o, num_heads, num_kv_heads):
+    """Full causal (grouped-query) attention over every position, by torch's fused SDPA."""
+    b, n, d_model = x.shape
+    q = heads(x @ w_q, num_heads)  # (B, H, N, d_head)
+    k, v = heads(x @ w_k, num_kv_heads), heads(x @ w_v, num_kv_heads)  # (B, g, N, d_head)
+    z = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=num_kv_heads != num_heads)
+    return z.transpose(1, 2).reshape(b, n, d_model).numpy() @ w_o  # (B, N, d_model)
+
+
 @pytest.mark.parametrize("b, h", [(1, 1), (2, 4), (3, 2)])
 def test_decode_step_equals_full_causal_recomputation(b, h):
     rng = np.random.default_rng(0)
     d_model, n = 8, 7
     w_q, w_k, w_v, w_o = weights(rng, d_model, d_model)
     x = rng.standard_normal((b, n, d_model))
-    full, _ = npa.multi_head_attention(x, w_q, w_k, w_v, w_o, h, mask=npa.causal_mask(n))
+    full = causal_attention_by_sdpa(x, w_q, w_k, w_v, w_o, h, h)  # (B, N, d_model)
     k_cache = np.zeros((b, h, 0, d_model // h))
     v_cache = np.zeros((b, h, 0, d_model // h))
     for t in range(n):
@@ -130,7 +150,8 @@ def test_decode_step_equals_full_causal_recomputation(b, h):
         assert out.shape == (b, 1, d_model)
         assert k_cache.shape == v_cache.shape == (b, h, t + 1, d_model // h)
         np.testing.assert_allclose(out[:, 0], full[:, t], atol=1e-12)
-    np.testing.assert_allclose(k_cache, npa.split_heads(x @ w_k, h), atol=1e-12)
+    np.testing.assert_allclose(k_cache, heads(x @ w_k, h).numpy(), atol=1e-12)  # oldest first, none dropped
+    np.testing.assert_allclose(v_cache, heads(x @ w_v, h).numpy(), atol=1e-12)
 
 
 def test_decode_step_equals_torch_sdpa_on_the_last_position():
@@ -142,23 +163,28 @@ def test_decode_step_equals_torch_sdpa_on_the_last_position():
     v_cache = rng.standard_normal((b, h, t, d_model // h))
     out, k_new, v_new = decode_step(x, k_cache, v_cache, w_q, w_k, w_v, w_o, h)
     np.testing.assert_array_equal(k_new[:, :, :t], k_cache)  # old entries kept, new one at the end
+    np.testing.assert_array_equal(v_new[:, :, :t], v_cache)
+    np.testing.assert_allclose(k_new[:, :, t:], heads(x @ w_k, h).numpy(), atol=1e-12)  # (B, H, 1, d_head)
+    np.testing.assert_allclose(v_new[:, :, t:], heads(x @ w_v, h).numpy(), atol=1e-12)
     q = torch.from_numpy(x @ w_q).view(b, 1, h, -1).transpose(1, 2)  # (B, H, 1, d_head)
     z = torch.nn.functional.scaled_dot_product_attention(q, torch.from_numpy(k_new), torch.from_numpy(v_new))
     want = z.transpose(1, 2).reshape(b, 1, d_model).numpy() @ w_o
     np.testing.assert_allclose(out, want, atol=1e-12)
 
 
-def test_decode_step_with_fewer_kv_heads_matches_grouped_query_attention():
+@pytest.mark.parametrize("h, g", [(4, 2), (8, 2), (8, 4), (4, 1)])
+def test_decode_step_with_fewer_kv_heads_matches_grouped_query_attention(h, g):
     rng = np.random.default_rng(2)
-    b, h, g, n, d_model = 2, 4, 2, 6, 16
+    b, n, d_model = 2, 6, 16
     w_q, w_k, w_v, w_o = weights(rng, d_model, g * d_model // h)
     x = rng.standard_normal((b, n, d_model))
-    full, _ = npa.grouped_query_attention(x, w_q, w_k, w_v, w_o, h, g, mask=npa.causal_mask(n))
+    full = causal_attention_by_sdpa(x, w_q, w_k, w_v, w_o, h, g)  # (B, N, d_model)
     k_cache = v_cache = np.zeros((b, g, 0, d_model // h))
     for t in range(n):
         out, k_cache, v_cache = decode_step(x[:, t:t + 1], k_cache, v_cache, w_q, w_k, w_v, w_o, h)
+        np.testing.assert_allclose(out[:, 0], full[:, t], atol=1e-12)
     assert k_cache.shape == (b, g, n, d_model // h)
-    np.testing.assert_allclose(out[:, 0], full[:, -1], atol=1e-12)
+    np.testing.assert_allclose(k_cache, heads(x @ w_k, g).numpy(), atol=1e-12)
 
 
 def test_decode_step_bad_input_raises_value_error():

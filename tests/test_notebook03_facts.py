@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import mhalib
-from mhalib.attention import to_nn_multihead_attention
 
 B, N, D_MODEL, H = 2, 5, 16, 4
 
@@ -167,7 +166,9 @@ def test_3d_mask_in_hand_written_code_is_silently_misread_when_batch_equals_head
 def test_mhalib_refuses_3d_masks_and_matches_nn_multihead_attention(x):
     torch.manual_seed(4)
     ours = mhalib.MultiHeadAttention(D_MODEL, H)
-    ref = to_nn_multihead_attention(ours)
+    ref = nn.MultiheadAttention(D_MODEL, H, bias=False, batch_first=True)
+    ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))  # (3 d, d)
+    ref.out_proj.weight.copy_(ours.o_proj.weight)  # (d_model, d_model)
     blocked = blocked_above_diagonal(N)
     out, w = ours(x, causal=True, need_weights=True)
     out_ref, w_ref = ref(x, x, x, attn_mask=blocked, average_attn_weights=False)

@@ -129,10 +129,19 @@ def random_weights(r, d_model, kv_dim):
 
 
 def test_split_heads_shape_trace_from_the_spec():
-    x = np.zeros((2, 5, 64))
+    x = rng().normal(size=(2, 5, 64))  # (B, N, d_model)
     q_h = npa.split_heads(x, 8)
-    assert q_h.shape == (2, 8, 5, 8)
+    assert q_h.shape == (2, 8, 5, 8)  # (B, H, N, d_head)
+    for h in range(8):  # head h is columns 8h .. 8h + 7 of every position
+        np.testing.assert_array_equal(q_h[:, h], x[:, :, 8 * h:8 * (h + 1)])
     assert npa.merge_heads(q_h).shape == (2, 5, 64)
+
+
+def test_merge_heads_concatenates_the_heads_in_order():
+    z = rng(5).normal(size=(2, 4, 3, 5))  # (B, H, N, d_head)
+    want = np.concatenate([z[:, h] for h in range(4)], axis=-1)  # (B, N, H * d_head): head 0 first
+    np.testing.assert_array_equal(npa.merge_heads(z), want)
+    np.testing.assert_array_equal(npa.merge_heads(z[0]), want[0])  # (H, N, d_head) -> (N, H * d_head)
 
 
 def test_split_heads_puts_columns_of_one_head_together():

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from torch import nn
 
 from mhalib import np_attention as npa
 from mhalib.quiz import QUESTIONS, Choice, Question, grade_answer, questions, quiz
@@ -19,7 +20,9 @@ def test_every_question_has_one_right_answer_and_every_choice_a_reason():
             fb = grade_answer(q.id, i)
             assert fb.correct == c.correct
             assert fb.message.startswith("Correct." if c.correct else "Not quite.")
-            assert c.why in fb.message and len(c.why) > 20
+            assert c.why in fb.message
+        whys = [c.why for c in q.choices]
+        assert len(set(whys)) == len(whys), f"{q.id}: two choices share one explanation"
 
 
 def test_notebook_02_covers_the_spec_questions():
@@ -45,8 +48,9 @@ def test_shape_before_w_o_is_n_by_d_model():
 
 def test_parameter_answer_matches_the_count():
     q = QUESTIONS["02.params"]
-    assert parameter_count(64, 8)["total"] == parameter_count(64, 1)["total"] == 16384
-    assert "16,384" in q.choices[q.answer].text
+    counted = {h: sum(p.numel() for p in nn.MultiheadAttention(64, h, bias=False).parameters()) for h in (1, 8)}
+    assert counted[1] == counted[8] == parameter_count(64, 8)["total"] == parameter_count(64, 1)["total"]
+    assert f"{counted[8]:,}" in q.choices[q.answer].text
 
 
 def test_wrong_split_answer_really_is_the_only_correct_split():

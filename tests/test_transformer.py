@@ -1,13 +1,19 @@
-"""The toy transformer against torch's own attention, its hooks, and checkpoints."""
+"""The toy transformer against torch's own attention, its hooks, and checkpoints.
+
+Oracle: the same model written out in the test from ``nn.MultiheadAttention`` layers
+holding copies of its weights (``tests/oracles.py``, which imports nothing from mhalib).
+"""
 
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
-from mhalib.attention import GroupedQueryAttention, to_nn_multihead_attention
+from mhalib.attention import GroupedQueryAttention
 from mhalib.transformer import (
     ToyConfig, ToyTransformer, load_checkpoint, load_pretrained, save_checkpoint,
 )
+from oracles import blocked_future, parameter_count, torch_mha_holding
 
 
 def small_model(seed=0, **kw):
@@ -34,25 +40,31 @@ def test_layer_matches_nn_multiheadattention_with_positions_on_q_and_k():
     layer, pos = model.layers[0], model.pos
     a = layer.attn
     x = torch.randn(2, 32, 64)
-    ref = to_nn_multihead_attention(a)
+    ref = torch_mha_holding(a, 4, 4)
     causal = torch.triu(torch.ones(32, 32, dtype=torch.bool), diagonal=1)  # True = blocked
-    expected, expected_w = ref(x + pos, x + pos, x, attn_mask=causal, average_attn_weights=False)
+    with torch.no_grad():
+        expected, expected_w = ref(x + pos, x + pos, x, attn_mask=causal, average_attn_weights=False)
     got, got_w = layer(x, pos, need_weights=True)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_w, expected_w, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(layer(x, pos), expected, atol=1e-5, rtol=1e-5)  # the fused path
 
 
-def test_gqa_model_equals_mha_model_with_repeated_kv_heads():
-    gqa = small_model(num_kv_heads=2)
-    mha = ToyTransformer(ToyConfig())
-    state = gqa.state_dict()
-    for key, w in list(state.items()):
-        if key.endswith(("k_proj.weight", "v_proj.weight")):
-            state[key] = w.view(2, 16, 64).repeat_interleave(2, dim=0).reshape(64, 64)  # head h reads h // 2
-    mha.load_state_dict(state)
-    t = tokens()
-    torch.testing.assert_close(gqa(t), mha.eval()(t), atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("g", [4, 2, 1])
+def test_model_equals_a_stack_of_nn_multihead_attention_layers(g):
+    """embed -> (x += MHA(x + pos, x + pos, x), causal) per layer -> unembed, in torch's own modules."""
+    model = small_model(num_kv_heads=g)
+    t = tokens()  # (B, N)
+    n = t.shape[1]
+    with torch.no_grad():
+        x = model.embed.weight[t]  # (B, N, d_model)
+        pos = model.pos[:n]  # (N, d_model): positions, added to what queries and keys read only
+        for layer in model.layers:
+            ref = torch_mha_holding(layer.attn, 4, g)  # K/V head j copied to query heads j*4/g .. (j+1)*4/g - 1
+            x = x + ref(x + pos, x + pos, x, attn_mask=blocked_future(n))[0]  # (B, N, d_model)
+        want = x @ model.unembed.weight.T  # (B, N, vocab_size)
+        torch.testing.assert_close(model(t), want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(model(t, return_weights=True)[0], want, atol=1e-4, rtol=1e-4)
 
 
 def test_weights_are_causal_rows_summing_to_one():
@@ -91,7 +103,16 @@ def test_default_init_is_small():
     model = ToyTransformer()
     stds = [float(p.detach().std()) for p in model.parameters()]
     assert all(0.015 < s < 0.025 for s in stds)
-    assert sum(p.numel() for p in model.parameters()) == 64 * 64 * 2 + 32 * 64 + 2 * 4 * 64 * 64
+    # the same parts in torch's own modules: embedding, positions, two attention layers, unembedding
+    positions = nn.Embedding(32, 64)  # (seq_len, d_model)
+    layers = [nn.MultiheadAttention(64, 4, bias=False) for _ in range(2)]
+    assert parameter_count(model) == parameter_count(nn.Embedding(64, 64), positions, *layers,
+                                                     nn.Linear(64, 64, bias=False))
+    gqa = ToyTransformer(num_kv_heads=1)  # K and V of one head (16 outputs) in each layer
+    kv = [nn.Linear(64, 16, bias=False) for _ in range(4)]
+    q_o = [nn.Linear(64, 64, bias=False) for _ in range(4)]
+    assert parameter_count(gqa) == parameter_count(nn.Embedding(64, 64), positions, *kv, *q_o,
+                                                   nn.Linear(64, 64, bias=False))
 
 
 def test_checkpoint_round_trip(tmp_path):

@@ -4,6 +4,8 @@ Bytes are checked against the formula written out here, and the grouping against
 ``repeat_interleave`` order (query head h reads K/V head h // (H / g)).
 """
 
+import io
+
 import numpy as np
 import pytest
 
@@ -15,10 +17,24 @@ from mhalib.widgets.gqa import HEAD_OPTIONS, HEAD_DIM, NUM_LAYERS, gqa_explorer,
 from mhalib.widgets.kv import CONTEXT_OPTIONS, DTYPE_BYTES, kv_explorer, render_kv
 
 
-def closes_figure(view):
-    if view.figure is not None:
-        png = common.figure_png(view.figure)
-        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+def draws_a_png_and_leaves_no_pyplot_figure_open(render, *args):
+    """The view's figure encodes to a PNG of the figure's pixel size; no pyplot figure stays open."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    open_before = plt.get_fignums()
+    view = render(*args)
+    assert view.ok, view.text
+    assert view.figure is not None
+    png = common.figure_png(view.figure)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = (view.figure.get_size_inches() * view.figure.dpi).round().astype(int)
+    assert Image.open(io.BytesIO(png)).size == (width, height)
+    assert plt.get_fignums() == open_before  # built as a plain Figure, never registered with pyplot
+    return view
 
 
 # ------------------------------------------------------------------ KV-cache explorer
@@ -43,9 +59,9 @@ def test_kv_every_reachable_position_renders_with_the_formula(model):
 
 @pytest.mark.parametrize("n", CONTEXT_OPTIONS)
 def test_kv_every_context_draws(n):
-    view = render_kv(n, 8, "Llama-3-8B")
-    assert view.ok
-    closes_figure(view)
+    view = draws_a_png_and_leaves_no_pyplot_figure_open(render_kv, n, 8, "Llama-3-8B")
+    assert view.data["context_length"] == n
+    assert view.data["total_bytes"] == 2 * 32 * 8 * 128 * n * 2  # Llama-3-8B: 32 layers, d_k 128, fp16
 
 
 def test_kv_llama2_7b_numbers_in_the_text():
@@ -57,13 +73,22 @@ def test_kv_llama2_7b_numbers_in_the_text():
     assert ax.get_xlabel() and ax.get_ylabel()
 
 
-@pytest.mark.parametrize("args", [(4096, 3, "Llama-2-7B"), (4096, 2, "Falcon-7B"), (4096, 64, "GPT-2"),
-                                  (0, 8, "Llama-2-7B"), (4096, 0, "Llama-2-7B"), (4096, 8, "Llama-9"),
-                                  (4096, 8, "Llama-2-7B", "fp8"), (4096.5, 8, "Llama-2-7B"), (4096, True, "GPT-2")])
-def test_kv_impossible_positions_explain_in_plain_words(args):
+@pytest.mark.parametrize("args, given, allowed", [
+    ((4096, 3, "Llama-2-7B"), "g = 3", "Choose g from 1, 2, 4, 8, 16, 32"),
+    ((4096, 2, "Falcon-7B"), "g = 2", "Choose g from 1, 71"),
+    ((4096, 64, "GPT-2"), "g = 64", "Choose g from 1, 2, 3, 4, 6, 12"),
+    ((0, 8, "Llama-2-7B"), "got 0", "at least 1"),
+    ((4096, 0, "Llama-2-7B"), "got 0", "at least 1"),
+    ((4096, 8, "Llama-9"), "'Llama-9'", "GPT-2, Llama-2-7B, Llama-2-70B"),
+    ((4096, 8, "Llama-2-7B", "fp8"), "'fp8'", "fp32, fp16 / bf16, int8"),
+    ((4096.5, 8, "Llama-2-7B"), "got 4096.5", "whole number"),
+    ((4096, True, "GPT-2"), "got True", "whole number"),
+])
+def test_kv_impossible_positions_name_what_was_given_and_what_is_allowed(args, given, allowed):
     view = render_kv(*args)
     assert not view.ok and view.figure is None
-    assert "Traceback" not in view.text and len(view.text) > 20
+    assert "Traceback" not in view.text
+    assert given in view.text and allowed in view.text, view.text
 
 
 def test_kv_bad_g_lists_the_divisors():
@@ -113,9 +138,9 @@ def test_gqa_every_reachable_position_renders(h):
 
 @pytest.mark.parametrize("n", GQA_CONTEXTS)
 def test_gqa_every_context_draws(n):
-    view = render_gqa(32, 8, n)
-    assert view.ok and view.data["context_length"] == n
-    closes_figure(view)
+    view = draws_a_png_and_leaves_no_pyplot_figure_open(render_gqa, 32, 8, n)
+    assert view.data["context_length"] == n
+    assert view.data["cache_bytes"] == 2 * NUM_LAYERS * 8 * HEAD_DIM * n * 2
 
 
 def test_gqa_kinds_named():

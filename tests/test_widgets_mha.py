@@ -85,11 +85,18 @@ def test_explorer_weights_match_an_explicit_loop_over_heads(d_model, num_heads):
                                    atol=1e-12)
 
 
-def test_parameter_count_is_four_d_model_squared_whatever_h():
+def test_parameter_count_equals_torch_modules_whatever_h():
+    from torch import nn
+
+    def count(module):
+        return sum(p.numel() for p in module.parameters())
+
     assert parameter_count(64, 8) == {"per_head": 512, "per_projection": 4096, "total": 16384}
     for h in (1, 2, 4, 8, 16, 32, 64):
-        assert parameter_count(64, h)["per_projection"] == 64 * 64
-        assert parameter_count(64, h)["total"] == 16384
+        got = parameter_count(64, h)
+        assert got["per_head"] == count(nn.Linear(64, 64 // h, bias=False))  # one head's W_q: (d_model, d_head)
+        assert got["per_projection"] == count(nn.Linear(64, 64, bias=False))
+        assert got["total"] == count(nn.MultiheadAttention(64, h, bias=False))  # W_q, W_k, W_v and W_o
 
 
 def test_explorer_figure_encodes_to_png():
