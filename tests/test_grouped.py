@@ -54,6 +54,19 @@ def test_grouped_attention_float32_decode_size(g):
     torch.testing.assert_close(grouped_attention(q, k, v), want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("g", [1, 2, 8])
+@pytest.mark.parametrize("n_q, causal", [(1, False), (3, True)])
+def test_grouped_attention_over_several_key_blocks_equals_sdpa(g, n_q, causal):
+    """A cache longer than KEY_BLOCK, not a multiple of it: the scores come in blocks."""
+    n_k = 2 * attention.KEY_BLOCK + 37
+    q, k, v = qkv(1, g, n_q, n_k, d=8)
+    mask = allowed_by_loop(n_q, n_k) if causal else None  # (N_q, N_k), bottom-right aligned
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    got, weights = grouped_attention(q, k, v, causal=causal, need_weights=True)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, H, n_q, dtype=q.dtype))
+
+
 @pytest.mark.parametrize("mask_shape", [(5, 9), (2, 1, 5, 9), (1, H, 5, 9), (2, H, 5, 9)])
 def test_grouped_attention_additive_mask_equals_sdpa(mask_shape):
     q, k, v = qkv(2, 2, 5, 9)
