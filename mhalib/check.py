@@ -36,9 +36,17 @@ def graded_names():
     return names
 
 
-def _run_case(graded, fn, case):
-    """``None`` when the case passes, else a message."""
+def _plain(result):
+    """The result as the grader would receive it: plain arrays, numbers and tuples."""
     from mhalib.grade import calling, protocol
+
+    arrays = []
+    return protocol.decode_value(protocol.encode_value(calling.to_plain(result), arrays), arrays)
+
+
+def _run_case(graded, fn, case):
+    """``("ok", None)`` when the case passes, else ``("fail" or "stop", message)``."""
+    from mhalib.grade import calling, spec
 
     ns = dict(getattr(fn, "__globals__", {}) or {})
     if isinstance(fn, type):
@@ -58,7 +66,20 @@ def _run_case(graded, fn, case):
         return "stop", str(exc)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - report, never raise
         text = str(exc)
-        return "fail", f"raised {type(exc).__name__}" + (f": {text[:400]}" if text else "")
+        error = f"{type(exc).__name__}" + (f": {text[:400]}" if text else "")
+        if case.raises:
+            problem = spec.judge_raised(case, [c.__name__ for c in type(exc).__mro__], error)
+            return ("ok", None) if problem is None else ("fail", problem)
+
+        def call(args, kwargs):  # the learner's function once more, for explain_error
+            try:
+                return _plain(calling.call(graded.adapter, ns, graded.lookup, args, kwargs, params,
+                                           graded.forbidden)[0])
+            except (Exception, SystemExit):  # noqa: BLE001
+                return None
+
+        hint = spec.explain_error(graded, case, error, call)
+        return "fail", (f"{hint} (it raised {error})" if hint else f"raised {error}")
     if hits:
         return "stop", (f"{graded.lookup} calls {', '.join(hits[:3])}, which this exercise does not "
                         "allow (the grader gives 0 for it): write it yourself")
@@ -67,9 +88,8 @@ def _run_case(graded, fn, case):
     changed = calling.changed_inputs(after, case.args, case.kwargs)
     if changed:
         return "stop", calling.mutation_message(graded.lookup, changed)
-    arrays = []
-    plain = protocol.decode_value(protocol.encode_value(calling.to_plain(result), arrays), arrays)
-    problem = graded.judge(case, plain)
+    plain = _plain(result)
+    problem = spec.judge_returned(case, plain) if case.raises else graded.judge(case, plain)
     return ("ok", None) if problem is None else ("fail", problem)
 
 

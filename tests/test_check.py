@@ -20,11 +20,14 @@ def _sdpa_ok(q, k, v, mask=None):
     return w @ v, w
 
 
-def test_correct_functions_pass(capsys):
-    def causal_mask(n):
-        return np.where(np.tril(np.ones((n, n), bool)), 0.0, -np.inf).astype(np.float32)
+def _mask_ok(n):
+    if n < 1:
+        raise ValueError(f"causal_mask needs n >= 1, got n={n}")
+    return np.where(np.tril(np.ones((n, n), bool)), 0.0, -np.inf).astype(np.float32)
 
-    assert check("causal_mask", causal_mask) is True
+
+def test_correct_functions_pass(capsys):
+    assert check("causal_mask", _mask_ok) is True
     assert check("scaled_dot_product_attention", _sdpa_ok) is True
 
     def split_heads(x, num_heads):
@@ -32,7 +35,44 @@ def test_correct_functions_pass(capsys):
 
     assert check("split_heads", split_heads) is True
     out = capsys.readouterr().out
-    assert out.count("\u2714") == 3 and "visible tests pass" in out
+    # causal_mask is two checks: the mask, and the ValueError for n < 1
+    assert out.count("\u2714") == 4 and "\u2718" not in out and "visible tests pass" in out
+
+
+class _PositionsError(ValueError):
+    pass
+
+
+def _mask_no_refusal(n):
+    return np.where(np.tril(np.ones((n, n), bool)), 0.0, -np.inf)
+
+
+def _mask_asserts(n):
+    if n < 1:
+        raise AssertionError("n must be positive")  # what `assert n >= 1, ...` raises
+    return _mask_no_refusal(n)
+
+
+def _mask_subclass(n):
+    if n < 1:
+        raise _PositionsError(f"n={n}; need n >= 1")
+    return _mask_no_refusal(n)
+
+
+def test_causal_mask_must_refuse_n_below_one(capsys):
+    """The exercise asks for ValueError when n < 1: check() tests it as a check of its own."""
+    assert check("causal_mask", _mask_no_refusal) is False
+    out = capsys.readouterr().out
+    assert "\u2714 causal_mask: all 4 visible tests pass" in out  # the mask itself is right
+    assert "\u2718 causal_mask (n < 1)" in out
+    assert "(causal_mask(0)): returned an array of shape (0, 0)" in out and "it should raise ValueError" in out
+
+    assert check("causal_mask", _mask_asserts) is False
+    out = capsys.readouterr().out
+    assert "raised AssertionError: n must be positive; it should raise ValueError" in out
+
+    assert check("causal_mask", _mask_subclass) is True  # a subclass of ValueError is a ValueError
+    assert "\u2718" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("fn, name, expected", [
@@ -43,7 +83,7 @@ def test_correct_functions_pass(capsys):
     (lambda q, k, v, mask=None: wrong.sdpa(q, k, v, mask, scale="none"), "scaled_dot_product_attention",
      "not divided by sqrt(d_k)"),
     (lambda q, k, v, mask=None: wrong.sdpa(q, k, v, mask, axis=-2), "scaled_dot_product_attention",
-     "wrong axis"),
+     "softmax over the wrong axis"),
     (lambda q, k, v, mask=None: wrong.sdpa(q, k, v, mask, use_mask=False), "scaled_dot_product_attention",
      "mask is not applied"),
     (lambda q, k, v, mask=None: wrong.sdpa(q, k, v, mask)[::-1], "scaled_dot_product_attention",
@@ -72,6 +112,53 @@ def test_common_mistakes_are_named(capsys, fn, name, expected):
     assert check(name, fn) is False
     out = capsys.readouterr().out
     assert expected in out, out
+
+
+def _mha(**mistake):
+    def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None):
+        return wrong.gqa(x, w_q, w_k, w_v, w_o, num_heads, num_heads, mask, **mistake)
+    return multi_head_attention
+
+
+@pytest.mark.parametrize("mistake, expected", [
+    ({"axis": -2}, "softmax over the wrong axis: the weights are normalised over the queries (axis -2)"),
+    ({"axis": -3}, "softmax over the wrong axis: the weights are normalised over the heads (axis -3)"),
+    # the sum (N, d_head) @ w_o (d_model, d_model) raises; the message names the sum, not NumPy's error only
+    ({"combine": "sum"}, "the heads were summed instead of concatenated: their sum is (..., N, d_head)"),
+    ({"combine": "mean"}, "the heads were averaged instead of concatenated"),
+    ({"combine": "sum", "use_wo": False}, "the heads were summed instead of concatenated: out is (..., N, d_head)"),
+    ({"combine": "none"}, "the heads were never merged"),
+    ({"split_how": "reshape_only"}, "heads come out in the wrong order"),
+    ({"merge_how": "reshape_only"}, "heads are merged in the wrong order"),
+])
+def test_multi_head_attention_mistakes_are_named(capsys, mistake, expected):
+    assert check("multi_head_attention", _mha(**mistake)) is False
+    out = capsys.readouterr().out
+    assert expected in out, out
+    if "axis" not in mistake:  # a split or merge mistake is not blamed on the softmax, nor the reverse
+        assert "wrong axis" not in out, out
+    else:
+        assert "split" not in out and "merge" not in out, out
+
+
+def test_a_shape_error_that_is_not_a_sum_is_not_called_one(capsys):
+    """K left unsplit also fails in a product, with the same sizes; it must not be blamed on a sum."""
+    def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None):
+        q = wrong.split(x @ w_q, num_heads)  # (..., H, N, d_head)
+        k = x @ w_k  # (..., N, d_model): not split
+        return q @ np.swapaxes(k, -1, -2), None
+
+    assert check("multi_head_attention", multi_head_attention) is False
+    out = capsys.readouterr().out
+    assert "raised ValueError" in out and "summed" not in out and "never merged" not in out, out
+
+
+def test_grouped_query_attention_summed_heads_are_named(capsys):
+    def grouped_query_attention(x, w_q, w_k, w_v, w_o, num_heads, num_kv_heads, mask=None):
+        return wrong.gqa(x, w_q, w_k, w_v, w_o, num_heads, num_kv_heads, mask, combine="sum")
+
+    assert check("grouped_query_attention", grouped_query_attention) is False
+    assert "the heads were summed instead of concatenated" in capsys.readouterr().out
 
 
 def test_stub_exception_wrong_signature_and_library_call_never_raise(capsys):

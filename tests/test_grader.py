@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -96,10 +97,12 @@ def test_cli_writes_results_and_csv_and_exits_zero(tmp_path):
     if not SOLUTIONS:
         pytest.skip("no solution notebooks yet")
     sol = SOLUTIONS[0]
-    bad = tmp_path / "not_a_notebook.ipynb"
+    bad = tmp_path / "not_a_notebook.ipynb"  # no exercise number: not graded
     bad.write_text("{ this is not json")
+    broken = tmp_path / f"{sol.stem}_broken.ipynb"  # a known exercise, truncated: graded, 0
+    broken.write_text(sol.read_text()[:500])
     results, table = tmp_path / "results.json", tmp_path / "class.csv"
-    cmd = [sys.executable, "-m", "mhalib.grade", str(sol), str(bad), "--results", str(results),
+    cmd = [sys.executable, "-m", "mhalib.grade", str(sol), str(bad), str(broken), "--results", str(results),
            "--csv", str(table), "--jobs", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -107,55 +110,26 @@ def test_cli_writes_results_and_csv_and_exits_zero(tmp_path):
     data = json.loads(results.read_text())
     first, second = data["submissions"]
     assert first["score"] > 0 and all(t["status"] == "passed" for t in first["tests"])
-    assert second["score"] == 0 and "not a valid notebook" in second["output"]
-    rows = table.read_text().splitlines()
-    assert rows[0].startswith("submission,exercise,score") and len(rows) == 3
+    assert second["score"] == 0 and second["submission"] == str(broken)
+    # the file that is no exercise is reported apart, and the mean leaves it out
+    (unknown,) = data["not_graded"]
+    assert unknown["submission"] == str(bad) and "not a valid notebook" in unknown["reason"]
+    assert data["mean_score"] == pytest.approx(first["score"] / 2)
+    assert f"graded 2 submissions; mean score {first['score'] / 2:.2f}" in proc.stdout, proc.stdout
+    assert f"not graded, left out of the mean (1): {bad}" in proc.stdout, proc.stdout
+    rows = list(csv.reader(table.read_text().splitlines()))
+    assert rows[0][:4] == ["submission", "exercise", "score", "max_score"] and len(rows) == 4
+    by_path = {row[0]: row for row in rows[1:]}
+    assert by_path[str(broken)][2] == "0" and by_path[str(sol)][2] == f"{first['score']:g}"
+    assert by_path[str(bad)][1:4] == ["", "", ""], "a file that is not graded has no score to average"
+    assert by_path[str(bad)][4].startswith("not graded: ")
     proc = subprocess.run(cmd[:4] + ["--results", str(results), "--csv", str(table)],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0
     single = json.loads(results.read_text())
     assert set(single) >= {"score", "tests"} and all(
         set(t) >= {"name", "score", "max_score", "status", "output"} for t in single["tests"])
-    assert len(table.read_text().splitlines()) == 4  # appended, header once
-
-
-def test_gradescope_autograder_zip(tmp_path):
-    """tools/build_autograder.py: a reproducible zip whose entry point grades a submission."""
-    import zipfile
-
-    if not SOLUTIONS:
-        pytest.skip("no solution notebooks yet")
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import build_autograder
-    finally:
-        sys.path.pop(0)
-    first, second = tmp_path / "a.zip", tmp_path / "b.zip"
-    build_autograder.build(first)
-    build_autograder.build(second)
-    assert first.read_bytes() == second.read_bytes(), "the zip must be reproducible"
-    with zipfile.ZipFile(first) as zf:
-        names = set(zf.namelist())
-        assert {"setup.sh", "run_autograder", "grade_submission.py", "mhalib/grade/_worker.py",
-                "requirements/lock.txt"} <= names
-        assert (zf.getinfo("run_autograder").external_attr >> 16) & 0o111
-        assert "/autograder/results/results.json" in zf.read("run_autograder").decode()
-        zf.extractall(tmp_path / "source")
-    submission = tmp_path / "submission"
-    submission.mkdir()
-    (submission / "my_work.ipynb").write_bytes(SOLUTIONS[0].read_bytes())
-    results = tmp_path / "results" / "results.json"
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "source")}
-    proc = subprocess.run([sys.executable, "grade_submission.py", str(submission), str(results)],
-                          cwd=tmp_path / "source", env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(results.read_text())
-    assert data["score"] > 0 and all(t["status"] == "passed" for t in data["tests"])
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    proc = subprocess.run([sys.executable, "grade_submission.py", str(empty), str(results)],
-                          cwd=tmp_path / "source", env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and json.loads(results.read_text())["score"] == 0
+    assert len(table.read_text().splitlines()) == 5  # appended, header once
 
 
 @pytest.mark.parametrize("metadata, filename, key", [
@@ -177,6 +151,87 @@ def test_unrecognised_submission_is_reported_not_crashed(tmp_path):
     path = tmp_path / "homework.ipynb"
     path.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     result = grade_notebook(path)
-    assert result.exercise is None and result.score == 0
+    assert result.exercise is None and result.score == 0 and not result.graded
     assert "could not tell which exercise" in result.text()
+    assert "NOT GRADED" in result.text() and "TOTAL" not in result.text()
     assert result.gradescope()["score"] == 0
+
+
+def _submission(tmp_path, solution, grade_id, source):
+    """The solution notebook with the answer cell ``grade_id`` replaced by ``source``."""
+    nb = load_notebook(ROOT / "solutions" / solution)
+    for cell in nb["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
+            cell["source"] = source
+            break
+    else:
+        raise AssertionError(f"{solution} has no cell {grade_id!r}")
+    path = tmp_path / solution
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    return path
+
+
+_MHA = """def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None):
+    q, k, v = (split_heads(x @ w, num_heads) for w in (w_q, w_k, w_v))  # (..., H, N, d_head)
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])  # (..., H, N, N)
+    if mask is not None:
+        scores = scores + mask
+    {weights}
+    return {out}, weights
+"""
+_SOFTMAX = "weights = softmax(scores)"
+_KEYS_AXIS = ("e = np.exp(scores - scores.max(axis=-2, keepdims=True))\n"
+              "    weights = e / e.sum(axis=-2, keepdims=True)  # over the queries")
+_MASK = """def causal_mask(n):
+    {refuse}
+    return np.where(np.triu(np.ones((n, n), dtype=bool), k=1), -np.inf, 0.0)
+"""
+_SPLIT_WRONG = _MHA.replace("(split_heads(x @ w, num_heads) for w in (w_q, w_k, w_v))",
+                            "((x @ w).reshape(*x.shape[:-2], num_heads, x.shape[-2], -1) for w in (w_q, w_k, w_v))")
+
+# (solution, answer cell, its source, graded check, words its feedback must contain, words it must not);
+# the sources are written here, as a learner would write them
+MISTAKES = {
+    "softmax_wrong_axis": ("02_multi_head_attention.ipynb", "multi_head_attention",
+                           _MHA.format(weights=_KEYS_AXIS, out="merge_heads(weights @ v) @ w_o"),
+                           "multi_head_attention", "softmax over the wrong axis", "split"),
+    "heads_summed": ("02_multi_head_attention.ipynb", "multi_head_attention",
+                     _MHA.format(weights=_SOFTMAX, out="(weights @ v).sum(axis=-3) @ w_o"),
+                     "multi_head_attention", "the heads were summed instead of concatenated", "wrong axis"),
+    "heads_summed_no_w_o": ("02_multi_head_attention.ipynb", "multi_head_attention",
+                            _MHA.format(weights=_SOFTMAX, out="(weights @ v).sum(axis=-3)"),
+                            "multi_head_attention", "the heads were summed instead of concatenated", "wrong axis"),
+    "split_wrong": ("02_multi_head_attention.ipynb", "multi_head_attention",
+                    _SPLIT_WRONG.format(weights=_SOFTMAX, out="merge_heads(weights @ v) @ w_o"),
+                    "multi_head_attention", "heads come out in the wrong order", "wrong axis"),
+    "no_value_error": ("01_single_head_attention.ipynb", "causal_mask", _MASK.format(refuse="pass"),
+                       "causal_mask (n < 1)", "(causal_mask(0)): returned an array of shape (0, 0) and dtype "
+                       "float64; it should raise ValueError", "raised"),
+    "assert_not_value_error": ("01_single_head_attention.ipynb", "causal_mask",
+                               _MASK.format(refuse="assert n >= 1, 'n must be positive'"),
+                               "causal_mask (n < 1)", ("raised AssertionError: n must be positive",
+                                                       "it should raise ValueError"), "returned"),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_grader_names_the_mistake(mistake, tmp_path):
+    solution, grade_id, source, check_name, words, not_words = MISTAKES[mistake]
+    result = grade_notebook(_submission(tmp_path, solution, grade_id, source), seed=11)
+    by_name = {c.name: c for c in result.checks}
+    failed = by_name[check_name]
+    assert failed.status == "failed", failed.output
+    for expected in (words,) if isinstance(words, str) else words:
+        assert expected in failed.output, failed.output
+    assert not_words not in failed.output, failed.output
+    # the mistake costs only the check it belongs to
+    for c in result.checks:
+        if c.name != check_name:
+            assert c.score == c.max_score, result.text()
+
+
+def test_grader_counts_a_value_error_subclass_as_a_value_error(tmp_path):
+    source = ("class PositionsError(ValueError):\n    pass\n\n\n"
+              + _MASK.format(refuse="if n < 1:\n        raise PositionsError(f'n={n}; need n >= 1')"))
+    result = grade_notebook(_submission(tmp_path, "01_single_head_attention.ipynb", "causal_mask", source), seed=11)
+    assert result.score == result.max_score, result.text()

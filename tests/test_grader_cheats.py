@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "grader"
 MASK, SDPA = "causal_mask", "scaled_dot_product_attention"
 FAST = Limits(call_timeout_s=6, cell_timeout_s=15, memory_mb=768)
+# What the fixtures' plain causal_mask earns: the mask itself (2.5 of 2.5) and, of the check that
+# n < 1 raises ValueError (0.5), the negative n that NumPy refuses by itself, not n = 0.
+MASK_ONLY = 2.75
 
 # fixture -> {graded name: (score "zero" | "full", words the feedback must contain)}
 CASES = {
@@ -92,7 +95,7 @@ def test_fault_or_cheat(name, tmp_path, monkeypatch):
     if name in ("fault_os_exit_in_cell", "fault_infinite_loop_in_cell"):
         assert "it was skipped" in text
     if name == "cheat_eq_always_true":
-        assert result.score == 3
+        assert result.score == MASK_ONLY
 
 
 @pytest.mark.parametrize("name", sorted(TORCH_CASES))
@@ -112,7 +115,7 @@ def test_fake_results_file_is_overwritten_by_the_grader(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / "results.json").read_text())
-    assert data["score"] == 3 and len(data["tests"]) == 2
+    assert data["score"] == MASK_ONLY and len(data["tests"]) == 3
     rows = (tmp_path / "class.csv").read_text().splitlines()
     assert rows[:2] == ["submission,exercise,score", "old,01,1"] and len(rows) == 3
     assert "100" not in rows[2].split(",")[2]
@@ -126,7 +129,7 @@ def test_patching_comparisons_in_the_submission_cannot_reach_the_grader(tmp_path
     before = np.allclose
     result = grade_notebook(FIXTURES / "cheat_patch_allclose.ipynb", limits=FAST, seed=1)
     assert np.allclose is before and not np.allclose(0.0, 1.0)
-    assert result.score == 3
+    assert result.score == MASK_ONLY
 
 
 def test_submission_runs_in_another_process_and_directory(tmp_path):
@@ -147,7 +150,7 @@ def test_submission_runs_in_another_process_and_directory(tmp_path):
     path = tmp_path / "probe.ipynb"
     nbformat.write(nb, path)
     result = grade_notebook(path, limits=FAST)
-    assert result.checks[0].score == 3
+    assert result.checks[0].name == "causal_mask" and result.checks[0].score == result.checks[0].max_score
     pid, torch_loaded, cwd = probe.read_text().split(" ", 2)
     assert int(pid) != os.getpid()
     assert torch_loaded == "False", "a NumPy exercise starts its child without torch"

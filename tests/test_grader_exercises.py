@@ -21,6 +21,8 @@ ANSWERS = {
 import numpy as np
 
 def causal_mask(n):
+    if not n >= 1:
+        raise ValueError(f"n={n}: a mask needs n >= 1 positions")
     i = np.arange(n)
     return np.where(i[None, :] > i[:, None], -np.inf, 0.0)
 

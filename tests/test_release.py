@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,65 @@ def test_exercise_matches_its_solution(solution):
     assert exercise.read_text(encoding="utf-8") == release.render(solution), (
         f"exercises/{solution.name} has drifted from solutions/{solution.name}: run `make exercises`"
     )
+
+
+# ----------------------------------------------------------------------------- minutes per lab
+def _first_cell(path):
+    cell = json.loads(path.read_text(encoding="utf-8"))["cells"][0]
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def _time_paragraph(path):
+    """The paragraph of the first cell that starts with **Time** (or **Time:**)."""
+    match = re.search(r"\*\*Time(?::\*\*|\*\*:?)(.*?)(?:\n\s*\n|\Z)", _first_cell(path), re.S)
+    assert match, f"{path.relative_to(ROOT)}: the first cell has no **Time** line"
+    return " ".join(match.group(1).split())
+
+
+def _notebook_minutes(path):
+    """``(notebook minutes, exercise minutes)`` from a lesson's Time line."""
+    text = _time_paragraph(path)
+    notebook = re.search(r"(\d+) minutes for this notebook", text)
+    exercise = re.search(r"about (\d+) for exercise (\d\d)", text)
+    assert notebook and exercise, (
+        f"{path.relative_to(ROOT)}: the Time line should read '... N minutes for this notebook, ... about M "
+        f"for exercise NN'; it reads {text!r}")
+    assert exercise.group(2) == path.name[:2], f"{path.name}: its Time line names exercise {exercise.group(2)}"
+    return int(notebook.group(1)), int(exercise.group(1))
+
+
+def _guide_minutes():
+    """``{number: (notebook minutes, exercise minutes)}`` from the instructors' guide's lab table."""
+    guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d\d) \| `(\d\d_\w+)` \| (\d+) \+ (\d+) \|", guide, re.M)
+    return {number: (int(nb), int(ex)) for number, name, nb, ex in rows if name.startswith(number)}
+
+
+LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_instructors_guide_and_notebooks_agree_on_the_minutes_per_lab():
+    """docs/instructors.md repeats each notebook's Time line: notebook + exercise minutes."""
+    guide = _guide_minutes()
+    assert set(guide) == {p.name[:2] for p in LESSONS}, (
+        f"docs/instructors.md has a minutes column for labs {sorted(guide)}; the notebooks are "
+        f"{[p.name[:2] for p in LESSONS]}")
+    for path in LESSONS:
+        minutes = _notebook_minutes(path)
+        assert guide[path.name[:2]] == minutes, (
+            f"docs/instructors.md gives lab {path.name[:2]} {guide[path.name[:2]][0]} + {guide[path.name[:2]][1]} "
+            f"minutes; the first cell of notebooks/{path.name} says {minutes[0]} + {minutes[1]}")
+        assert sum(minutes) <= 90, f"{path.name}: {minutes[0]} + {minutes[1]} minutes do not fit a 90-minute lab"
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
+def test_exercise_time_matches_its_notebook(solution):
+    """The exercise's own Time line gives the minutes its notebook sets aside for it."""
+    lesson = ROOT / "notebooks" / solution.name
+    if not lesson.exists():
+        pytest.skip(f"no notebook {solution.name}")
+    stated = re.match(r"\s*about (\d+) minutes", _time_paragraph(solution))
+    assert stated, f"solutions/{solution.name}: the Time line should start 'about N minutes'"
+    assert int(stated.group(1)) == _notebook_minutes(lesson)[1], (
+        f"solutions/{solution.name} says about {stated.group(1)} minutes; notebooks/{solution.name} sets "
+        f"aside {_notebook_minutes(lesson)[1]} for its exercise")

@@ -1,9 +1,11 @@
 """Command line: ``python -m mhalib.grade SUBMISSION.ipynb [more ...] [--results FILE] [--csv FILE] [--jobs N]``.
 
-Prints one line per graded check and the total for each submission. ``--results``
-writes Gradescope's results.json (for several submissions: ``{"submissions": [...]}``);
-``--csv`` appends one row per submission. Exit status 0 whenever it graded, whatever
-the scores; 2 for a usage error.
+Prints one line per graded check and the total for each submission, then, for several,
+the mean score. A file that is none of the course's exercises is not graded: it is
+listed apart and left out of the mean. ``--results`` writes Gradescope's results.json
+(for several submissions: ``{"submissions": [...], "not_graded": [...], "mean_score": ...}``);
+``--csv`` appends one row per file (a file not graded has empty scores and the reason).
+Exit status 0 whenever it graded, whatever the scores; 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -31,11 +33,26 @@ def _write_atomic(path, text):
     os.replace(tmp, path)
 
 
+def _why_not_graded(result):
+    return "; ".join(result.notes) or "not one of the course's exercises"
+
+
+def mean_score(results):
+    """The mean score of the graded submissions (``None`` when none was graded)."""
+    graded = [r for r in results if r.graded]
+    return round(sum(r.score for r in graded) / len(graded), 2) if graded else None
+
+
 def write_results(path, results):
     if len(results) == 1:
         data = results[0].gradescope()
     else:
-        data = {"submissions": [dict(r.gradescope(), submission=r.path) for r in results]}
+        data = {
+            "submissions": [dict(r.gradescope(), submission=r.path) for r in results if r.graded],
+            "not_graded": [{"submission": r.path, "reason": _why_not_graded(r)} for r in results
+                           if not r.graded],
+            "mean_score": mean_score(results),
+        }
     _write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
@@ -59,8 +76,12 @@ def append_csv(path, results, before=""):
     elif not before.endswith("\n"):
         before += "\n"
     for r in results:
+        if not r.graded:  # no score, so that a spreadsheet's mean leaves it out
+            writer.writerow([r.path, "", "", "", f"not graded: {_why_not_graded(r)}", r.seed,
+                             f"{r.seconds:.2f}"])
+            continue
         checks = "; ".join(f"{c.name}={c.score:g}/{c.max_score:g}" for c in r.checks)
-        writer.writerow([r.path, r.exercise or "", f"{r.score:g}", f"{r.max_score:g}", checks,
+        writer.writerow([r.path, r.exercise, f"{r.score:g}", f"{r.max_score:g}", checks,
                          r.seed, f"{r.seconds:.2f}"])
     _write_atomic(path, before + buf.getvalue())
 
@@ -99,12 +120,18 @@ def main(argv=None):
             results = list(pool.map(one, args.submissions))
     for r in results:
         if args.quiet:
-            print(f"{r.path}: {r.score:g} / {r.max_score:g}")
+            print(f"{r.path}: {r.score:g} / {r.max_score:g}" if r.graded else f"{r.path}: not graded")
         else:
             print(r.text())
     if len(results) > 1:
-        total = sum(r.score for r in results)
-        print(f"graded {len(results)} submissions; mean score {total / len(results):.2f}")
+        graded = [r for r in results if r.graded]
+        mean = mean_score(results)
+        print(f"graded {len(graded)} submission{'' if len(graded) == 1 else 's'}"
+              + (f"; mean score {mean:.2f}" if graded else ""))
+        not_graded = [r for r in results if not r.graded]
+        if not_graded:
+            print(f"not graded, left out of the mean ({len(not_graded)}): "
+                  + ", ".join(r.path for r in not_graded))
     if args.results:
         write_results(args.results, results)
     if args.csv:

@@ -224,7 +224,8 @@ def serve(fd_in, fd_out, out_writer, err_writer):
                 reply.update(status="not_implemented", message=str(exc)[:300])
             except BaseException as exc:  # noqa: BLE001
                 reply.update(status="exception", message=_describe(exc),
-                             where=_where(exc.__traceback__))
+                             where=_where(exc.__traceback__),
+                             kinds=[c.__name__ for c in type(exc).__mro__][:12])
         else:
             reply["error"] = f"unknown op {op!r}"
         for writer, key in ((out_writer, "stdout"), (err_writer, "stderr")):

@@ -22,6 +22,7 @@ import numpy as np
 from mhalib.grade import calling, protocol
 from mhalib.grade import exercises as registry
 from mhalib.grade.sandbox import Limits, Sandbox
+from mhalib.grade.spec import explain_error, judge_raised, judge_returned
 
 __all__ = ["CheckResult", "SubmissionResult", "grade_notebook", "load_notebook", "code_cells"]
 
@@ -54,6 +55,11 @@ class SubmissionResult:
     max_score_if_unknown: float = 0.0
 
     @property
+    def graded(self):
+        """False when the file is none of the course's exercises: it has no score to average."""
+        return self.exercise is not None
+
+    @property
     def score(self):
         return round(sum(c.score for c in self.checks), 2)
 
@@ -74,7 +80,10 @@ class SubmissionResult:
                 lines.append(f"  {'':4} {'':<{width}} {'':13} {extra}")
         for note in self.notes:
             lines.append(f"  note: {note}")
-        lines.append(f"  TOTAL {self.score:g} / {self.max_score:g}")
+        if self.graded:
+            lines.append(f"  TOTAL {self.score:g} / {self.max_score:g}")
+        else:
+            lines.append("  NOT GRADED: no score (see the note above)")
         return "\n".join(lines)
 
     def gradescope(self):
@@ -160,6 +169,16 @@ def prepare_cases(exercise, rng):
     return prepared
 
 
+def _caller(sandbox, graded):
+    """``call(args, kwargs)`` for an exercise's ``explain_error``: the plain result, or ``None``."""
+    def call(args, kwargs):
+        params = {**graded.params, "signature": graded.signature, "arg_names": list(graded.arg_names)}
+        outcome = sandbox.call(graded.adapter, graded.lookup, tuple(args), dict(kwargs), params,
+                               graded.forbidden, protocol.encode_value)
+        return outcome.result if outcome.status == "ok" else None
+    return call
+
+
 def grade_function(sandbox, graded, rng=None, cases=None):
     """Run and judge every case of one graded function; returns a :class:`CheckResult`.
 
@@ -199,10 +218,13 @@ def grade_function(sandbox, graded, rng=None, cases=None):
                 return CheckResult(name, 0.0, float(graded.points),
                                    f"{name} switched off the grader's call tracing (sys.setprofile); score 0",
                                    0, len(cases))
-            try:
-                problem = graded.judge(case, outcome.result)
-            except Exception as exc:  # a judge must not crash the grader on odd results
-                problem = f"the result could not be checked ({type(exc).__name__}: {exc})"
+            if case.raises:
+                problem = judge_returned(case, outcome.result)
+            else:
+                try:
+                    problem = graded.judge(case, outcome.result)
+                except Exception as exc:  # a judge must not crash the grader on odd results
+                    problem = f"the result could not be checked ({type(exc).__name__}: {exc})"
             if problem is None:
                 passed += 1
             else:
@@ -224,7 +246,18 @@ def grade_function(sandbox, graded, rng=None, cases=None):
             break
         if outcome.status == "exception":
             where = f" at {outcome.where}" if outcome.where else ""
-            failures.append(f"{label}: {name} raised {outcome.message}{where}")
+            if case.raises:
+                problem = judge_raised(case, outcome.kinds, f"{outcome.message}{where}")
+                if problem is None:
+                    passed += 1
+                else:
+                    failures.append(f"{label}: {graded.lookup} {problem}")
+                continue
+            hint = explain_error(graded, case, outcome.message, _caller(sandbox, graded))
+            if hint:
+                failures.append(f"{label}: {hint} ({name} raised {outcome.message}{where})")
+            else:
+                failures.append(f"{label}: {name} raised {outcome.message}{where}")
             continue
         # timeout, died, bad_reply: the child was killed; do not try this function again
         stop = f"{label}: {outcome.message}; the remaining cases were not run"

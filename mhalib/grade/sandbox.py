@@ -54,6 +54,7 @@ class CallOutcome:
     tampered: bool = False
     output_dropped: int = 0
     after: list = field(default_factory=list)  # [(label, key, array)]: inputs after the call
+    kinds: list = field(default_factory=list)  # an exception's class name and its bases' names
 
 
 NOBODY = 65534
@@ -298,7 +299,9 @@ class Sandbox:
             return CallOutcome(status="ok", result=result, hits=hits, tampered=bool(head.get("tampered")),
                                output_dropped=dropped, after=after)
         if status in ("grading_error", "not_implemented", "exception"):
+            kinds = head.get("kinds") if isinstance(head.get("kinds"), list) else []
             return CallOutcome(status=status, message=str(head.get("message", ""))[:1000],
-                               where=str(head.get("where", ""))[:200], output_dropped=dropped)
+                               where=str(head.get("where", ""))[:200], output_dropped=dropped,
+                               kinds=[str(k)[:100] for k in kinds[:12]])
         self.kill()
         return CallOutcome(status="bad_reply", message=f"{name}: the grading process sent an unexpected reply")

@@ -8,7 +8,16 @@ An exercise module (``mhalib/grade/exercises/exNN_*.py``) defines one
 * ``judge(case, got)``: ``None`` when ``got`` is right, else a message saying what
   is wrong (shape, dtype, NaN, the common mistake it matches, ...);
 * ``forbidden``: callables the learner's function may not use (see
-  :class:`mhalib.grade.calling.Tripwire`).
+  :class:`mhalib.grade.calling.Tripwire`);
+* ``explain_error(case, error, call)`` (optional): when the learner's function
+  raises, the mistake behind the exception, or ``None``. ``error`` is the text
+  ``"ValueError: ..."``; ``call(args, kwargs)`` calls the learner's function once more,
+  on inputs the exercise chooses to tell mistakes apart, and returns its result as
+  plain data (``None`` if that call failed too).
+
+A case whose ``raises`` is set is right when the call raises that exception (bad input
+the exercise asks to refuse); :func:`judge_raised` and :func:`judge_returned` word the
+feedback for both the grader and ``check()``.
 
 The visible tests of ``check()`` are the same cases drawn with a fixed seed.
 
@@ -27,6 +36,7 @@ from mhalib.grade.protocol import Unsupported
 __all__ = [
     "Case", "Graded", "Exercise", "VISIBLE_SEED",
     "describe", "check_array", "check_pair", "match_variant", "close",
+    "judge_raised", "judge_returned", "explain_error",
     "NUMPY_ATTENTION_FORBIDDEN", "TORCH_ATTENTION_FORBIDDEN", "ATTENTION_FORBIDDEN",
     "FROM_SCRATCH_FORBIDDEN",
 ]
@@ -65,6 +75,8 @@ class Case:
     label: str = ""
     params: dict = field(default_factory=dict)  # for adapters (e.g. d_model of a module)
     extra: dict = field(default_factory=dict)  # anything the judge needs (e.g. inputs)
+    raises: str | None = None  # the exception class the call must raise, e.g. "ValueError"
+    raises_why: str = ""  # what the exercise asks for, shown when it does not raise it
 
 
 @dataclass
@@ -82,6 +94,7 @@ class Graded:
     arg_names: tuple = ()
     params: dict = field(default_factory=dict)
     description: str = ""
+    explain_error: Callable | None = None  # (case, error, call) -> message or None
 
     @property
     def lookup(self):
@@ -192,3 +205,31 @@ def match_variant(got, variants, rtol=1e-4, atol=1e-5):
         if wrong.shape == got.shape and close(got, wrong, rtol=rtol, atol=atol):
             return message
     return None
+
+
+# ----------------------------------------------------------------------------- errors
+def judge_raised(case, kinds, error):
+    """A case that must raise, and raised: ``None`` when it is ``case.raises``, else a message.
+
+    ``kinds`` are the class names of the exception and of its bases (a subclass of
+    ValueError counts as a ValueError); ``error`` is its text, ``"Type: message"``.
+    """
+    if case.raises in kinds:
+        return None
+    return f"raised {error}; it should raise {case.raises}: {case.raises_why}"
+
+
+def judge_returned(case, got):
+    """A case that must raise, but returned ``got``: the message."""
+    return f"returned {describe(got)}; it should raise {case.raises}: {case.raises_why}"
+
+
+def explain_error(graded, case, error, call):
+    """``graded.explain_error``'s message for an exception, or ``None`` (never raises)."""
+    if graded.explain_error is None:
+        return None
+    try:
+        hint = graded.explain_error(case, error, call)
+    except Exception:  # noqa: BLE001 - an explanation must never break grading
+        return None
+    return hint if isinstance(hint, str) and hint else None

@@ -56,8 +56,14 @@ def merge(x, how="right"):
 
 
 def gqa(x, w_q, w_k, w_v, w_o, h, g, mask=None, *, scale="head", split_how="right",
-        merge_how="right", use_wo=True, repeat="interleave", use_mask=True, sum_heads=False):
-    """Grouped-query attention (g = H is MHA) with one mistake switched on."""
+        merge_how="right", use_wo=True, repeat="interleave", use_mask=True, axis=-1, combine="concat"):
+    """Grouped-query attention (g = H is MHA) with one mistake switched on.
+
+    ``axis``: the axis of the softmax (-1, the keys, is right). ``combine``: how the heads'
+    outputs ``(..., H, N, d_head)`` become one array: ``"concat"`` (right: merge to
+    ``(..., N, H * d_head)``), ``"sum"`` or ``"mean"`` over the heads (``(..., N, d_head)``),
+    or ``"none"`` (left as they are); ``w_o`` is applied afterwards when ``use_wo``.
+    """
     x = np.asarray(x, dtype=np.float64)
     d = x.shape[-1]
     q = split(x @ w_q, h, split_how)
@@ -75,10 +81,14 @@ def gqa(x, w_q, w_k, w_v, w_o, h, g, mask=None, *, scale="head", split_how="righ
     scores = q @ np.swapaxes(k, -1, -2) / div
     if mask is not None and use_mask:
         scores = scores + mask
-    w = softmax(scores)
-    z = w @ v
-    if sum_heads:
-        merged = z.sum(axis=-3)
-        return merged, w
-    merged = merge(z, merge_how)
-    return (merged @ w_o if use_wo else merged), w
+    w = softmax(scores, axis=axis)
+    z = w @ v  # (..., H, N, d_head)
+    if combine == "concat":
+        merged = merge(z, merge_how)  # (..., N, d_model)
+    elif combine in ("sum", "mean"):
+        merged = getattr(z, combine)(axis=-3)  # (..., N, d_head)
+    elif combine == "none":
+        merged = z  # (..., H, N, d_head)
+    else:
+        raise ValueError(combine)
+    return (merged @ np.asarray(w_o, dtype=np.float64) if use_wo else merged), w

@@ -7,7 +7,7 @@ import numpy as np
 from mhalib.grade.exercises import _numpy_variants as wrong
 from mhalib.grade.spec import (
     FROM_SCRATCH_FORBIDDEN, Case, Exercise, Graded,
-    check_array, check_pair, match_variant,
+    check_array, check_pair, judge_returned, match_variant,
 )
 
 KEY = "01_single_head_attention"
@@ -46,6 +46,16 @@ def judge_causal_mask(case, got):
             if (g[~upper] == 1).all():
                 return "allowed positions must be 0.0 (an additive mask), not 1"
     return check_array(got, expected, f"causal_mask({n})")
+
+
+NO_POSITIONS = ("a mask needs at least one position (say in the message what was given and that n "
+                "must be at least 1)")
+
+
+def causal_mask_refusal_cases(rng):
+    """n = 0 and a negative n: the exercise asks for ValueError."""
+    return [Case(args=(n,), label=f"causal_mask({n})", raises="ValueError", raises_why=NO_POSITIONS)
+            for n in (0, -int(rng.integers(1, 6)))]
 
 
 # ----------------------------------------------------------------------------- SDPA
@@ -108,7 +118,7 @@ def judge_sdpa(case, got):
             ("the scores are divided by d_k; divide by sqrt(d_k)", lambda: wrong.sdpa(q, k, v, mask, scale="dk")[1]),
             ("the scores are divided by sqrt(d_v); divide by sqrt(d_k), the last axis of q and k",
              lambda: wrong.sdpa(q, k, v, mask, scale="sqrt_dv")[1]),
-            ("the softmax runs over the wrong axis: normalise over the keys (axis=-1), so that each "
+            ("softmax over the wrong axis: normalise over the keys (axis=-1), so that each "
              "query's weights sum to 1", lambda: wrong.sdpa(q, k, v, mask, axis=-2)[1]),
             ("the mask is not applied: add it to the scores before the softmax",
              lambda: wrong.sdpa(q, k, v, mask, use_mask=False)[1]),
@@ -134,10 +144,16 @@ EXERCISE = Exercise(
     title="Scaled dot-product attention, one head",
     graded=[
         Graded(
-            name="causal_mask", points=3, signature="causal_mask(n)",
+            name="causal_mask", points=2.5, signature="causal_mask(n)",
             make_cases=causal_mask_cases, judge=judge_causal_mask, arg_names=("n",),
             forbidden=_SDPA_FORBIDDEN,
             description="(n, n) float: 0 on and below the diagonal, -inf above",
+        ),
+        Graded(
+            name="causal_mask (n < 1)", target="causal_mask", points=0.5, signature="causal_mask(n)",
+            make_cases=causal_mask_refusal_cases, judge=judge_returned, arg_names=("n",),
+            forbidden=_SDPA_FORBIDDEN,
+            description="ValueError for n < 1",
         ),
         Graded(
             name="scaled_dot_product_attention", points=5,

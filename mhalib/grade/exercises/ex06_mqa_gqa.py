@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from mhalib.grade.exercises.ex02_multi_head_attention import attention_weights, judge_attention
+from mhalib.grade.exercises.ex02_multi_head_attention import (
+    attention_weights, explain_attention_error, judge_attention,
+)
 from mhalib.grade.spec import ATTENTION_FORBIDDEN, Case, Exercise, Graded
 
 KEY = "06_mqa_gqa"
@@ -55,6 +57,10 @@ def judge_mqa(case, got):
     return judge_attention(case, got, g=1)
 
 
+def explain_mqa_error(case, error, call):
+    return explain_attention_error(case, error, call, g=1)
+
+
 _FORBIDDEN = ATTENTION_FORBIDDEN
 
 EXERCISE = Exercise(
@@ -65,10 +71,11 @@ EXERCISE = Exercise(
                signature="grouped_query_attention(x, w_q, w_k, w_v, w_o, num_heads, num_kv_heads, mask=None)",
                make_cases=gqa_cases, judge=judge_attention,
                arg_names=("x", "w_q", "w_k", "w_v", "w_o", "num_heads", "num_kv_heads"),
-               forbidden=_FORBIDDEN),
+               forbidden=_FORBIDDEN, explain_error=explain_attention_error),
         Graded(name="multi_query_attention", points=3,
                signature="multi_query_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None)",
                make_cases=mqa_cases, judge=judge_mqa,
-               arg_names=("x", "w_q", "w_k", "w_v", "w_o", "num_heads"), forbidden=_FORBIDDEN),
+               arg_names=("x", "w_q", "w_k", "w_v", "w_o", "num_heads"), forbidden=_FORBIDDEN,
+               explain_error=explain_mqa_error),
     ],
 )
