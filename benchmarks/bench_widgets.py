@@ -6,8 +6,10 @@ the explorer's Output shows it. Sending the bytes to the browser is not counted.
 
 Goal: median redraw under 100 ms for every d_model <= 128 and H <= 16 on 2 cores.
 Reported: median milliseconds per setting and the ratio to the goal (below 1 meets
-it), and, side by side in the same run, the ratio to drawing the same heads with one
-matplotlib Axes per head (``mhalib.plots.attention_grid``), the obvious way.
+it), and, side by side in the same run, two obvious ways that are slower: drawing the
+same heads with one matplotlib Axes per head (``mhalib.plots.attention_grid``), and
+the same explorer figure with its text drawn by matplotlib (``Figure.text``, one per
+title, label and value, at the same places) instead of the explorers' cached glyphs.
 The KV-cache explorer (notebook 05) and the GQA explorer (notebook 06) are held to
 the same goal: every model at its smallest, released and largest g, and every H
 with its smallest, middle and largest g.
@@ -52,6 +54,56 @@ def redraw(render, *args):
     return figure_png(view.figure)
 
 
+def text_redraw(render, *args):
+    """The same figure with matplotlib's text: every glyph stamp becomes a ``Figure.text``.
+
+    ``matrix_mosaic`` draws all its text through ``common._stamp``; here that call only
+    records what and where, the cells go in as one ``figimage`` and matplotlib draws
+    the text and encodes the PNG.
+    """
+    from mhalib.widgets import common
+
+    stamps = []
+    stamp, common._stamp = common._stamp, lambda img, *a, **k: stamps.append((a, k))
+    try:
+        view = render(*args)
+    finally:
+        common._stamp = stamp
+    assert view.ok, view.text
+    fig = view.figure
+    height, width, _ = fig.mhalib_image.shape
+    for (text, x, y, size), k in stamps:
+        ha, colour = k.get("ha", "center"), "white" if k.get("colour", (0, 0, 0))[0] else "black"
+        rotated = k.get("rotated", False)
+        va = "top" if k.get("va") == "top" and not rotated else "center_baseline"
+        fig.text(x / width, 1 - y / height, str(text), fontsize=size, color=colour, parse_math=False,
+                 ha="right" if rotated else ha, va=va, rotation=90 if rotated else 0, rotation_mode="anchor")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=fig.dpi, pil_kwargs={"compress_level": 3})
+    return buf.getvalue()
+
+
+def side_by_side(settings, render, repeat):
+    """Median ms of the explorer and of its matplotlib-text twin for each setting, same run."""
+    ours, text = [], []
+    for args in settings:
+        ours.append(median_time(lambda: redraw(render, *args), repeat=repeat, warmup=1) * 1e3)
+        text.append(median_time(lambda: text_redraw(render, *args), repeat=repeat, warmup=1) * 1e3)
+    return ours, text
+
+
+def summarise(name, settings, ours, text):
+    print(f"\n{name}, {len(settings)} settings: glyphs vs matplotlib text (render + PNG, same run)")
+    ratios = [t / o for o, t in zip(ours, text)]
+    rows = []
+    for label, times in (("glyphs", ours), ("matplotlib text", text)):
+        worst = max(range(len(times)), key=times.__getitem__)
+        rows.append([label, f"{statistics.median(times):.1f}", f"{times[worst]:.1f}", str(settings[worst]),
+                     f"{sum(t < GOAL_MS for t in times)} of {len(times)}"])
+    print_table(["text", "median ms", "worst ms", "worst at", "under goal"], rows)
+    print(f"matplotlib text / glyphs: median {statistics.median(ratios):.1f}x, largest {max(ratios):.1f}x")
+
+
 def grid_redraw(d_model, num_heads, sentence):
     """The same heads drawn with one Axes each (constrained layout), then PNG."""
     import matplotlib.pyplot as plt
@@ -67,31 +119,33 @@ def grid_redraw(d_model, num_heads, sentence):
 
 
 def main():
-    print(f"explorer redraw (render + PNG), median of 5; goal {GOAL_MS:.0f} ms")
-    rows, medians = [], []
-    for d_model in D_MODEL_OPTIONS:
-        for h in [h for h in divisors(d_model) if h <= MAX_HEADS]:
-            for sentence in (SHORT, LONG):
-                t = median_time(lambda: redraw(render_mha, d_model, h, sentence), repeat=5, warmup=1) * 1e3
-                medians.append(t)
-                rows.append([d_model, h, len(SENTENCES[sentence]), f"{t:.1f}", f"{t / GOAL_MS:.2f}"])
-    print_table(["d_model", "H", "tokens", "median ms", "/ goal"], rows)
+    print(f"explorer redraw (render + PNG), median of 5; goal {GOAL_MS:.0f} ms; "
+          "'mpl text': the same figure with matplotlib's text")
+    settings = [(d_model, h, sentence) for d_model in D_MODEL_OPTIONS
+                for h in [h for h in divisors(d_model) if h <= MAX_HEADS] for sentence in (SHORT, LONG)]
+    medians, text_medians = side_by_side(settings, render_mha, repeat=5)
+    rows = [[d_model, h, len(SENTENCES[sentence]), f"{t:.1f}", f"{t / GOAL_MS:.2f}", f"{m:.1f}"]
+            for (d_model, h, sentence), t, m in zip(settings, medians, text_medians)]
+    print_table(["d_model", "H", "tokens", "median ms", "/ goal", "mpl text ms"], rows)
     worst = max(medians)
     print(f"\nall {len(medians)} settings: median {statistics.median(medians):.1f} ms "
           f"({statistics.median(medians) / GOAL_MS:.2f} of the goal), worst {worst:.1f} ms "
           f"({worst / GOAL_MS:.2f}); {sum(m < GOAL_MS for m in medians)} of {len(medians)} under the goal")
+    summarise("H / d_model explorer", [(d, h, len(SENTENCES[s])) for d, h, s in settings], medians, text_medians)
 
     print("\nstep-through redraw (render + PNG), median over steps of the median of 3")
-    rows, step_medians = [], []
-    for d_model in STEP_D_MODEL_OPTIONS:
-        for h in [h for h in divisors(d_model) if h <= STEP_MAX_HEADS]:
-            per_step = [median_time(lambda: redraw(render_step, s, d_model, h, "the cat sat on the mat", True),
-                                    repeat=3, warmup=1) * 1e3 for s in STEPS]
-            step_medians += per_step
-            rows.append([d_model, h, f"{statistics.median(per_step):.1f}", f"{max(per_step):.1f}",
-                         f"{max(per_step) / GOAL_MS:.2f}"])
-    print_table(["d_model", "H", "median ms", "slowest step ms", "slowest / goal"], rows)
+    sizes = [(d_model, h) for d_model in STEP_D_MODEL_OPTIONS for h in divisors(d_model) if h <= STEP_MAX_HEADS]
+    step_settings = [(s, d_model, h, "the cat sat on the mat", True) for d_model, h in sizes for s in STEPS]
+    step_medians, step_text = side_by_side(step_settings, render_step, repeat=3)
+    rows = []
+    for i, (d_model, h) in enumerate(sizes):
+        per_step = step_medians[i * len(STEPS):(i + 1) * len(STEPS)]
+        per_step_text = step_text[i * len(STEPS):(i + 1) * len(STEPS)]
+        rows.append([d_model, h, f"{statistics.median(per_step):.1f}", f"{max(per_step):.1f}",
+                     f"{max(per_step) / GOAL_MS:.2f}", f"{max(per_step_text):.1f}"])
+    print_table(["d_model", "H", "median ms", "slowest step ms", "slowest / goal", "mpl text slowest ms"], rows)
     print(f"\nall steps: median {statistics.median(step_medians):.1f} ms, worst {max(step_medians):.1f} ms")
+    summarise("step-through", [(d, h, s) for s, d, h, _, _ in step_settings], step_medians, step_text)
 
     print("\nside by side: one image for all heads vs one matplotlib Axes per head (same run)")
     rows = []

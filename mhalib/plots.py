@@ -9,9 +9,15 @@ from __future__ import annotations
 import numpy as np
 import matplotlib.pyplot as plt
 
-__all__ = ["CMAP", "heatmap", "attention_grid"]
+__all__ = ["CMAP", "MIN_LABEL_PX", "heatmap", "attention_grid"]
 
 CMAP = "cividis"
+#: Smallest token label the heatmap grids draw, as a font size in pixels of the saved
+#: image: DejaVu Sans capitals are 0.73 of the font size, so they are 8 px tall.
+#: At matplotlib's default 100 dpi that is 7.9 points.
+MIN_LABEL_PX = 11
+#: A label's line height over its font size, with a small gap to the next label.
+_LINE = 1.25
 
 
 def heatmap(ax, matrix, *, xlabels=None, ylabels=None, title=None, vmin=0.0, vmax=1.0,
@@ -60,16 +66,59 @@ def heatmap(ax, matrix, *, xlabels=None, ylabels=None, title=None, vmin=0.0, vma
     return im
 
 
+def _ordinal(k):
+    return f"{k}{'nd' if k % 10 == 2 and k % 100 != 12 else 'rd' if k % 10 == 3 and k % 100 != 13 else 'th'}"
+
+
+def _fit_token_labels(fig, axes, tokens):
+    """Token labels on the outer axes at a size the panels have room for.
+
+    Every token at matplotlib's tick label size when they fit; otherwise smaller, but
+    never below :data:`MIN_LABEL_PX`; and if even that does not fit, every k-th token.
+
+    Returns:
+        k: 1 when every token is labelled.
+    """
+    from matplotlib.font_manager import FontProperties
+
+    n = len(tokens)
+    n_rows, n_cols = axes.shape
+    px_per_pt = fig.dpi / 72
+    default_pt = FontProperties(size=plt.rcParams["ytick.labelsize"]).get_size_in_points()
+    cell_px = min(fig.get_size_inches()[0] / n_cols, fig.get_size_inches()[1] / n_rows) * fig.dpi
+    if n * _LINE * default_pt * px_per_pt <= 0.5 * cell_px:
+        return 1  # fits in half a panel's share of the figure: no need to lay it out first
+    fig.draw_without_rendering()  # lay the figure out: the panels' size in pixels
+    box = axes[0, 0].get_window_extent()
+    pitch = min(box.width, box.height) / n  # pixels per token, along either axis
+    if pitch >= _LINE * default_pt * px_per_pt:
+        return 1
+    size_pt = max(MIN_LABEL_PX / px_per_pt, pitch / (_LINE * px_per_pt))
+    stride = int(np.ceil(_LINE * size_pt * px_per_pt / pitch - 1e-9))
+    ticks = list(range(0, n, stride))
+    labels = [tokens[i] for i in ticks]
+    for c in range(n_cols):
+        axes[-1, c].set_xticks(ticks, labels=labels, fontsize=size_pt, rotation=90 if n > 6 else 0)
+    for r in range(n_rows):
+        axes[r, 0].set_yticks(ticks, labels=labels, fontsize=size_pt)
+    return stride
+
+
 def attention_grid(weights, tokens=None, *, row_label="layer", col_label="head", scores=None,
                    cell_size=2.2, suptitle=None):
     """A grid of attention heatmaps: rows are layers (or anything), columns are heads.
 
     Args:
         weights: ``(H, N, N)`` for one row of heads, or ``(L, H, N, N)``.
-        tokens: labels for the N positions (shown on the outer axes only).
+        tokens: labels for the N positions (shown on the outer axes only), at
+            matplotlib's tick label size when they fit, never smaller than
+            :data:`MIN_LABEL_PX`; when even that does not fit (32 tokens in a 2.6-inch
+            panel), every other (or every k-th) token is labelled and the figure title
+            says so.
         row_label, col_label: used in the panel titles ("layer 0, head 2").
         scores: optional dict name -> array ``(L, H)`` (or ``(H,)``) printed under each title.
-        cell_size: inches per panel.
+        cell_size: inches per panel (each row is a little taller when ``scores`` adds a
+            second title line, so the panel itself keeps its size).
         suptitle: figure title.
 
     Returns:
@@ -81,7 +130,8 @@ def attention_grid(weights, tokens=None, *, row_label="layer", col_label="head",
     if w.ndim != 4 or w.shape[-1] != w.shape[-2]:
         raise ValueError(f"attention_grid needs weights (H, N, N) or (L, H, N, N); got {np.shape(weights)}")
     n_rows, n_cols, n, _ = w.shape
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(cell_size * n_cols + 0.8, cell_size * n_rows + 0.6),
+    title_room = 0.25 * n_rows if scores else 0.0  # inches for the second title line
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(cell_size * n_cols + 0.8, cell_size * n_rows + 0.6 + title_room),
                              squeeze=False, constrained_layout=True)
     score_arrays = {k: np.asarray(v, dtype=float).reshape(n_rows, n_cols) for k, v in (scores or {}).items()}
     im = None
@@ -102,6 +152,11 @@ def attention_grid(weights, tokens=None, *, row_label="layer", col_label="head",
     fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight")
     if suptitle:
         fig.suptitle(suptitle)
+    if tokens is not None:
+        stride = _fit_token_labels(fig, axes, [str(t) for t in tokens])
+        if stride > 1:
+            note = f"every {'other' if stride == 2 else _ordinal(stride)} token labelled"
+            fig.suptitle(f"{suptitle}; {note}" if suptitle else note)
     return fig
 
 

@@ -72,6 +72,78 @@ def _add(q: Question) -> None:
     QUESTIONS[q.id] = q
 
 
+# Notebook 01: one head, the scale, the causal mask and the cost of the score matrix.
+_add(Question(
+    id="01.sqrt_dk",
+    prompt="Section 7: the entries of q and k are independent, with mean 0 and variance 1, and "
+           "d_k = 64. Why are the scores q.k divided by sqrt(d_k) = 8 before the softmax?",
+    choices=(
+        Choice("So that each row of attention weights sums to 1.", False,
+               "The softmax makes every row sum to 1 at any scale, since it divides by the row's "
+               "total. The scale changes how the weight is spread over the keys, not its sum."),
+        Choice("The variance of q.k is d_k = 64; dividing by 8 brings it back to 1, so the softmax "
+               "does not saturate as heads get wider.", True,
+               "Section 7 measures Var(q.k) / d_k close to 1 for d_k from 4 to 1024. Unscaled, at "
+               "d_k = 64 the top one of 32 keys already takes 0.815 of a row on average, and the "
+               "gradient through the other keys nearly vanishes."),
+        Choice("A score is typically about d_k in size, so dividing by sqrt(d_k) only partly "
+               "corrects it; dividing by d_k = 64 would be exact.", False,
+               "It is the variance that grows like d_k; the typical size of a score is its "
+               "standard deviation, sqrt(d_k). Dividing by 64 would leave a variance of "
+               "64 / 64^2 = 1/64 and flatten every row towards uniform."),
+        Choice("To keep exp from overflowing on large scores.", False,
+               "Overflow is prevented by subtracting the row's maximum before exp, which changes "
+               "no weight (softmax_row in section 3 does it). The scale matters even where nothing "
+               "overflows, because it changes the weights themselves."),
+    ),
+))
+
+_add(Question(
+    id="01.causal_row",
+    prompt="Sections 2 to 4: with the additive causal mask (0 on and below the diagonal, -inf "
+           "above), what happens to row 2 of A1 in the worked example, the weights of query 2 "
+           "over keys 1, 2 and 3?",
+    choices=(
+        Choice("Key 3 gets weight exactly 0 and keys 1 and 2 still share a total of 1: "
+               "[0.33, 0.67, 0].", True,
+               "exp(-inf) = 0, and the softmax divides by the total over the allowed keys only, so "
+               "the whole weight goes to keys 1 and 2. Query i ends with i non-zero weights, as the "
+               "self-check of section 9 counts."),
+        Choice("Key 3's weight is set to 0 after the softmax, so the row sums to less than 1.", False,
+               "The mask is added to the scores before the softmax, which normalises afterwards. "
+               "Zeroing weights after the softmax would leave rows summing to less than 1; every "
+               "row sum the notebook prints is 1."),
+        Choice("Key 3 keeps a tiny weight that is not quite 0, since -inf stands for a very large "
+               "negative number.", False,
+               "The mask holds a real -inf, and in floating point exp(-inf) is exactly 0: A1 prints "
+               "exact zeros above the diagonal."),
+        Choice("Row 2 is cut down to the two keys it may see, so A1 is no longer square.", False,
+               "A1 stays T x T = 3 x 3: a blocked key keeps its column, with weight 0. That is why "
+               "A1 @ V still works with the whole of V."),
+    ),
+))
+
+_add(Question(
+    id="01.score_memory",
+    prompt="Section 8: one head's float32 score matrix takes 4 MiB at n = 1,024 tokens (d_k = 64). "
+           "How much does it take at n = 4,096?",
+    choices=(
+        Choice("16 MiB", False,
+               "That grows linearly with n, as Q, K and V (n x d_k) do. The score matrix is n x n: "
+               "4 times the tokens give 16 times the entries."),
+        Choice("32 MiB", False,
+               "That is the float16 answer of the self-check in section 9, at 2 bytes a score. "
+               "In float32 every score takes 4 bytes."),
+        Choice("64 MiB", True,
+               "4,096 x 4,096 scores x 4 bytes = 67,108,864 bytes = 64 MiB, that is "
+               "(4,096 / 1,024)^2 = 16 times 4 MiB. Section 8 prints it as 0.062 GiB."),
+        Choice("4 GiB", False,
+               "That multiplies by d_k = 64, as the FLOP count does. Each score is a sum of d_k "
+               "products, but only the sum is stored: one number per (query, key) pair, whatever d_k."),
+    ),
+))
+
+
 _add(Question(
     id="02.d_head",
     prompt="d_model = 12 and H = 3. How wide is each head (d_k = d_v)?",
@@ -244,6 +316,81 @@ _add(Question(
 ))
 
 
+# Notebook 04: induction circuits, ablation, redundant heads.
+_add(Question(
+    id="04.two_layers",
+    prompt="Sections 4 and 6: an induction head at a token A attends to the position just after an "
+           "earlier A. Why does that take two layers, so that the 1-layer model stays near the "
+           "plateau?",
+    choices=(
+        Choice("One layer has only 4 heads, too few to cover every segment length from 4 to 12.", False,
+               "The rule is the same for every length: find the earlier A, take what followed it. "
+               "The 2-layer model solves it with the same 4 heads per layer, and its layer-1 "
+               "induction heads each do the whole job (section 5)."),
+        Choice("The key at the position after the earlier A must say 'my previous token is A'. Only "
+               "a previous-token head in an earlier layer can write that into the stream; a layer-0 "
+               "key sees just its own token and position.", True,
+               "Layer 1 builds its keys from what layer 0 wrote (K-composition). That is why layer 0 "
+               "has induction scores near 0 and the 1-layer control cannot leave the plateau."),
+        Choice("A previous-token head and an induction head cannot share a layer, because all the "
+               "heads of a layer must do the same kind of job.", False,
+               "The heads of one layer run side by side and can do different jobs. The limit is "
+               "what they read: every head of a layer reads the stream as it was before that layer, "
+               "so the induction head must come after the layer whose output it needs."),
+        Choice("One layer could learn it too; the 1-layer run was stopped after 1,000 steps, before "
+               "its phase change.", False,
+               "The 2-layer model fell off its cliff well within 1,000 steps (section 3). More steps "
+               "cannot help one layer: its keys are built from one token and one position, so no "
+               "setting of the weights lets them know the token before."),
+    ),
+))
+
+_add(Question(
+    id="04.ablation",
+    prompt="Section 5: layer 0 head 1 has a previous-token score of 0.82 (section 4). What does "
+           "ablating it, zeroing its slice of z, tell you that the score does not?",
+    choices=(
+        Choice("Whether the model needs the head: without it the loss rises by more than 2, back "
+               "towards the plateau.", True,
+               "A score says where a head looks; an ablation says whether anything downstream uses "
+               "what it writes. Here the whole circuit does: the loss returns to the plateau region."),
+        Choice("Nothing new: a head with a high score is by definition one the model relies on.", False,
+               "A head can look at the right place and still be ignored, or be backed up by other "
+               "heads doing the same job. Only removing it and measuring the loss tells you what the "
+               "model loses."),
+        Choice("Where the head attends, measured more precisely than by the score.", False,
+               "An ablation neither reads nor changes the attention weights: it zeroes the head's "
+               "output after attention and measures loss and accuracy. Where a head attends is what "
+               "the score measures."),
+        Choice("What the head computes: a large rise of the loss identifies it as a previous-token "
+               "head.", False,
+               "An ablation says how much the model needs a head, not which job it does: removing "
+               "any head the circuit depends on would break the model. The role comes from the score."),
+    ),
+))
+
+_add(Question(
+    id="04.redundant",
+    prompt="Section 5: ablated one at a time, the induction heads of layer 1 each raise the loss "
+           "by less than 0.1; ablated together, by more than 2. What does that show?",
+    choices=(
+        Choice("The induction heads hardly matter; all three could be pruned.", False,
+               "Any one of them can go, but not all of them: together they take the loss back "
+               "towards ln 64 = 4.16, a uniform guess over the vocabulary."),
+        Choice("Ablation effects add up: the three small rises together make the large one.", False,
+               "The single rises, each under 0.1, add up to far less than the rise of more than 2 "
+               "when the heads go together. Effects of heads that back each other up do not add."),
+        Choice("Removing the layer-1 heads also switches off the previous-token head in layer 0.", False,
+               "Layer 0 runs before layer 1, and zeroing layer-1 heads leaves it unchanged: the "
+               "previous-token head still writes its output, but the induction heads that read it are gone."),
+        Choice("They do the same job redundantly, so each covers for a missing one and single-head "
+               "ablation under-states them: ablate sets of heads that share a score.", True,
+               "Each of the three can do the induction step alone, so removing one leaves two. Only "
+               "removing the whole set shows that the model cannot do without them."),
+    ),
+))
+
+
 # Notebook 05: the KV cache, its size, and why decoding is memory-bound.
 _add(Question(
     id="05.exact",
@@ -349,6 +496,84 @@ _add(Question(
         Choice("MQA's cache is too large for the processor's caches.", False,
                "It is 32 times smaller than MHA's; the benchmark flushes the caches for every method "
                "alike."),
+    ),
+))
+
+
+# Notebook 07: converting the notebook-04 model from MHA to GQA and MQA.
+_add(Question(
+    id="07.methods",
+    prompt="Sections 2 and 3: the notebook-04 model is converted to GQA-2 by 'mean' (average the "
+           "K/V heads of each group), 'first' (keep each group's first head) or 'random' (fresh "
+           "K/V weights), then uptrained for 5% of the original steps (75 steps). How do the three "
+           "losses compare then?",
+    choices=(
+        Choice("mean < first < random, as the table of section 3 prints", True,
+               "Mean pooling keeps something of every head, 'first' all of one head and nothing of "
+               "the other, random nothing at all. The same order holds for MQA, as in Ainslie et al. "
+               "(2023, Fig. 4)."),
+        Choice("first < mean < random: one intact trained head beats a blur of two unrelated ones.",
+               False,
+               "Tempting, since the two K heads of a group have cosine similarity near 0. But 'first' "
+               "drops the previous-token head of layer 0, which sits second in its group: it starts "
+               "at 3.86 against mean's 2.74 and is still behind at 5%."),
+        Choice("All about equal: uptraining relearns K and V anyway, so the starting point does "
+               "not matter.", False,
+               "At 5% random is still on a plateau (a loss above 2) while mean has nearly recovered. "
+               "The starting point decides how far 75 steps get; only after 20% has every conversion "
+               "recovered."),
+        Choice("mean < random < first: a fresh start beats a conversion that dropped an essential "
+               "head.", False,
+               "Random keeps none of the trained keys and values, 'first' keeps one trained head per "
+               "group: at 5% random is still on its plateau, far behind first."),
+    ),
+))
+
+_add(Question(
+    id="07.first_order",
+    prompt="Section 4: swapping heads 0 and 1 of layer 0 (rows of W_q, W_k, W_v and the matching "
+           "columns of W_o) puts the previous-token head first in its GQA-2 group. Converted by "
+           "'first', the loss before uptraining is then 2.47 instead of 3.86. Why?",
+    choices=(
+        Choice("The swap changed what the model computes.", False,
+               "The notebook checks that the swapped model gives the same logits: the heads of MHA "
+               "can be reordered freely as long as the columns of W_o move with them."),
+        Choice("'first' keeps whichever head sits first in each group. As trained, the "
+               "previous-token head (head 1) came second and was dropped; after the swap it is the "
+               "one kept.", True,
+               "So the result of 'first' depends on an accident of head order, not on what the heads "
+               "do. Mean pooling does not care about the order within a group."),
+        Choice("'first' draws random weights, and the swap changed the draw.", False,
+               "'first' draws nothing: it copies trained weights. Only 'random' uses the seed."),
+        Choice("The swap moved the previous-token head into the other group, next to a more "
+               "similar head.", False,
+               "Heads 0 and 1 form group 0 before and after the swap (groups [0, 1] and [2, 3]); "
+               "only their order inside the group changed."),
+    ),
+))
+
+_add(Question(
+    id="07.why_uptrain",
+    prompt="Section 5: Ainslie et al. find GQA converted from T5-XXL (64 heads, groups of 8) "
+           "usable right after conversion, but our GQA-2 by mean starts at loss 2.74 against "
+           "0.013 for the MHA model. Which reason does the notebook give?",
+    choices=(
+        Choice("The toy was not trained long enough for its heads to settle.", False,
+               "It reaches accuracy 0.998 and its heads have clear scores (previous-token 0.82, "
+               "induction up to 0.98). Undertraining is not the trouble; merging heads that do "
+               "different jobs is."),
+        Choice("GQA-2 merges too many heads at once; the paper's GQA-8 is a gentler merge.", False,
+               "It is the other way round: GQA-8 on 64 heads merges 8 heads into each K/V head, our "
+               "GQA-2 only 2. The size of a group is not the problem; what the merged heads do is."),
+        Choice("With 4 heads each has its own job: the previous-token head is averaged with a head "
+               "whose K weights are nearly orthogonal to it, and the mean is neither. Among 8 heads "
+               "of a big model several are redundant, so their mean stays close to each.", True,
+               "Section 2 prints K cosine similarities between -0.08 and +0.01 within the groups, "
+               "and the copy task has a single path to the answer, through one previous-token head."),
+        Choice("Mean pooling suits only large models; converted by 'first', the toy would need no "
+               "uptraining.", False,
+               "Every method breaks the toy before uptraining: 'first' starts at 3.86, worse than "
+               "mean's 2.74. None of them avoids the uptraining."),
     ),
 ))
 

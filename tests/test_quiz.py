@@ -1,5 +1,10 @@
 """Quizzes: the marked answers are right (checked by computing them), and every choice explains itself."""
 
+import math
+import re
+from pathlib import Path
+
+import nbformat
 import numpy as np
 import pytest
 from torch import nn
@@ -203,3 +208,350 @@ def test_in_proj_answer_matches_the_stored_layout():
         out = out.transpose(1, 2).reshape(1, 5, 64) @ layer.out_proj.weight.T
         torch.testing.assert_close(out, layer(x, x, x, need_weights=False)[0], atol=1e-5, rtol=0)
         assert torch.equal(qkv[..., :64], x @ w_q.T)
+
+
+# Every notebook has a quiz: notebooks 01, 04 and 07 included.
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
+NEW = ("01", "04", "07")
+
+
+def test_the_course_has_seven_notebooks_and_every_question_names_one():
+    assert sorted(NOTEBOOKS) == ["01", "02", "03", "04", "05", "06", "07"]
+    assert {qid.split(".")[0] for qid in QUESTIONS} == set(NOTEBOOKS)
+
+
+@pytest.mark.parametrize("nb", ["01", "02", "03", "04", "05", "06", "07"])
+def test_every_notebook_has_a_quiz_of_at_least_three_checked_questions(nb):
+    qs = questions(nb)
+    assert len(qs) >= 3
+    assert len(quiz(nb).children) == len(qs)  # quiz("01") etc. builds, one box per question
+    for q in qs:
+        assert 3 <= len(q.choices) <= 4, q.id
+        wrong = [c for c in q.choices if not c.correct]
+        assert len(wrong) == len(q.choices) - 1
+        whys = [c.why.strip() for c in wrong]
+        assert all(whys) and len(set(whys)) == len(whys), f"{q.id}: wrong choices need distinct explanations"
+        assert grade_answer(q.id, q.answer).correct
+        assert all(not grade_answer(q.id, i).correct for i, c in enumerate(q.choices) if not c.correct)
+
+
+def _notebook_text(nb, *, outputs_only=False):
+    book = nbformat.read(NOTEBOOKS[nb], as_version=4)
+    parts = []
+    for cell in book.cells:
+        if not outputs_only:
+            parts.append(cell.source)
+        for out in cell.get("outputs", []):
+            parts.append("".join(out.get("text", "")))
+            text = out.get("data", {}).get("text/plain", "")
+            parts.append("".join(text))
+    return "\n".join(parts)
+
+
+def _section_numbers(nb):
+    book = nbformat.read(NOTEBOOKS[nb], as_version=4)
+    return {int(m) for c in book.cells if c.cell_type == "markdown"
+            for m in re.findall(r"^## (\d+)\.", c.source, flags=re.M)}
+
+
+@pytest.mark.parametrize("nb", NEW)
+def test_new_questions_name_sections_their_notebook_has(nb):
+    sections = _section_numbers(nb)
+    for q in questions(nb):
+        head = re.match(r"Sections? ([\d ,and()a-z]+?):", q.prompt)
+        assert head, f"{q.id}: the prompt must start with the section it is about"
+        named = {int(n) for n in re.findall(r"\d+", head.group(1))}
+        assert named and named <= sections, f"{q.id}: sections {named} not among {sorted(sections)}"
+
+
+# The measured numbers the new questions quote: (as the question writes it, as the notebook
+# prints it in a stored output). Only numbers that no processor changes: results of training
+# (notebook 04 trains its model; notebook 07 uptrains) are quoted as the bounds the notebook
+# asserts, listed in ASSERTED.
+PRINTED = {
+    "01.sqrt_dk": [("0.815", "0.815")],
+    "01.causal_row": [("0.33", "0.33"), ("0.67", "0.67")],
+    "01.score_memory": [("4 MiB at n = 1,024", "n =  1024: score matrix (1024, 1024), float32, 4.00 MiB"),
+                        ("0.062 GiB", "0.062 GiB")],
+    "04.two_layers": [("after 1,000 steps", "1000/1000")],
+    "04.ablation": [("0.82", "0.82")],
+    "04.redundant": [("4.16", "4.16")],
+    "07.methods": [("3.86", "3.86"), ("2.74", "2.74")],
+    "07.first_order": [("2.47", "2.47"), ("3.86", "3.86")],
+    "07.why_uptrain": [("2.74", "2.74"), ("0.013", "0.013"), ("0.998", "0.998"), ("0.82", "0.82"),
+                       ("0.98", "0.98"), ("-0.08", "-0.08"), ("+0.01", "+0.01"), ("3.86", "3.86")],
+}
+# (as the question writes it, the assertion in the notebook's code that backs it)
+ASSERTED = {
+    "04.ablation": [("more than 2", "by_head[(0, PREV_HEAD)] > base + 2.0")],
+    "04.redundant": [("less than 0.1", "max(by_head[(1, h)] - base for h in INDUCTION_HEADS) < 0.1"),
+                     ("more than 2", 'all_induction["loss"] > base + 2.0')],
+    "07.methods": [("a loss above 2", 'curves[(2, "random")][STEPS_5] > 2.0')],
+}
+
+
+def test_printed_numbers_table_covers_every_new_question():
+    assert set(PRINTED) == {q.id for nb in NEW for q in questions(nb)}
+
+
+@pytest.mark.parametrize("qid", sorted(PRINTED))
+def test_numbers_in_new_questions_are_ones_their_notebook_prints_or_asserts(qid):
+    q = QUESTIONS[qid]
+    text = " ".join([q.prompt] + [c.text + " " + c.why for c in q.choices])
+    printed = _notebook_text(qid[:2], outputs_only=True)
+    source = _notebook_text(qid[:2])
+    for quoted, shown in PRINTED[qid]:
+        assert quoted in text, f"{qid} does not quote {quoted!r}"
+        assert shown in printed, f"notebook {qid[:2]} prints no {shown!r}: the question is out of date"
+    for quoted, assertion in ASSERTED.get(qid, []):
+        assert quoted in text, f"{qid} does not say {quoted!r}"
+        assert assertion in source, f"notebook {qid[:2]} no longer asserts {assertion!r}"
+    decimals = re.compile(r"(?<![\d.])[-+]?\d+\.\d+")
+    known = {d for quoted, _ in PRINTED[qid] + ASSERTED.get(qid, []) for d in decimals.findall(quoted)}
+    for decimal in decimals.findall(text):
+        assert decimal in known, f"{qid} writes {decimal}, which the notebook neither prints nor asserts"
+
+
+# Notebook 01: the answers, recomputed.
+
+def test_sqrt_dk_answer_variance_grows_with_d_k_and_the_unscaled_softmax_saturates():
+    from mhalib import softmax
+
+    q = QUESTIONS["01.sqrt_dk"]
+    assert q.choices[q.answer].text.startswith("The variance of q.k is d_k = 64")
+    rng = np.random.default_rng(0)
+    d = 64
+    dots = (rng.standard_normal((20_000, d)) * rng.standard_normal((20_000, d))).sum(-1)
+    assert abs(dots.var() / d - 1) < 0.05  # Var(q.k) = d_k
+    assert abs((dots / math.sqrt(d)).var() - 1) < 0.05  # the right choice: back to 1
+    assert abs((dots / d).var() * d - 1) < 0.05  # dividing by d_k leaves 1 / d_k: rows flatten
+    # the notebook's own measurement (same seed, same order of draws): 0.815 at d_k = 64
+    rng = np.random.default_rng(2)
+    for dim in [1, 2, 4, 8, 16, 32, 64]:
+        qs = rng.standard_normal((500, 1, dim))
+        ks = rng.standard_normal((500, 32, dim))
+        scores = (qs * ks).sum(axis=-1)  # (500, 32)
+        unscaled = softmax(scores)
+    assert f"{unscaled.max(axis=-1).mean():.3f}" == "0.815"
+    # the wrong reasons: rows sum to 1 at any scale, and the max-subtracted softmax never overflows
+    np.testing.assert_allclose(unscaled.sum(-1), 1.0)
+    np.testing.assert_allclose(softmax(scores / 8).sum(-1), 1.0)
+    assert np.isfinite(softmax(np.array([1e4, 0.0, -1e4]))).all()
+
+
+def test_causal_row_answer_on_the_worked_example():
+    from mhalib.np_attention import causal_mask, scaled_dot_product_attention
+
+    q = QUESTIONS["01.causal_row"]
+    assert q.choices[q.answer].text.endswith("[0.33, 0.67, 0].")
+    x = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0]], dtype=float)
+    q1 = x[:, :2]  # head 1 keeps dims 0 and 1: Q = K = V
+    _, a1 = scaled_dot_product_attention(q1, q1, q1, mask=causal_mask(3))
+    assert a1.shape == (3, 3)  # still square
+    assert a1[1, 2] == 0.0  # exactly 0, not tiny
+    np.testing.assert_allclose(a1[1, :2], [0.33, 0.67], atol=5e-3)
+    np.testing.assert_allclose(a1.sum(-1), 1.0)
+    # the tempting wrong recipe: zero after the softmax, and the rows no longer sum to 1
+    _, unmasked = scaled_dot_product_attention(q1, q1, q1)
+    zeroed_after = unmasked * np.tri(3)
+    assert zeroed_after[1].sum() < 0.99
+
+
+def test_score_memory_answer_and_the_miscounts_behind_the_wrong_ones():
+    q = QUESTIONS["01.score_memory"]
+    mib = 2**20
+    n0, n, d_k = 1024, 4096, 64
+    assert np.zeros((n0, n0), dtype=np.float32).nbytes == 4 * mib
+    assert np.zeros((n, n), dtype=np.float32).nbytes == 64 * mib
+    miscount = {
+        "16 MiB": 4 * mib * n // n0,  # linear in n
+        "64 MiB": 4 * n * n,  # right: n x n x 4 bytes
+        "32 MiB": 2 * n * n,  # float16
+        "4 GiB": 4 * n * n * d_k,  # times d_k
+    }
+    assert {c.text for c in q.choices} == set(miscount)
+    for c in q.choices:
+        value, unit = c.text.split()
+        assert miscount[c.text] == int(value) * {"MiB": mib, "GiB": 2**30}[unit]
+        assert (miscount[c.text] == 4 * n * n) == c.correct
+
+
+# Notebook 04: the claims, on the shipped notebook-04 model.
+
+@pytest.fixture(scope="module")
+def shipped():
+    from mhalib.tasks import make_generator, variable_offset_task
+    from mhalib.training import evaluate
+    from mhalib.transformer import load_pretrained
+
+    model, meta = load_pretrained()
+    task = variable_offset_task()
+    probe, _ = task.sample(256, make_generator(7))
+    from mhalib.interpret import head_scores
+
+    scores = head_scores(model, probe)
+    return {"model": model, "meta": meta, "task": task, "probe": probe, "scores": scores,
+            "base": evaluate(model, task)}
+
+
+def _layer_keys(model, tokens):
+    """Every layer's keys (B, H, N, d_head), computed from the residual stream by hand."""
+    import torch
+
+    keys = []
+    with torch.no_grad():
+        x = model.embed(tokens)
+        pos = model.pos[: tokens.shape[1]]
+        for layer in model.layers:
+            a = layer.attn
+            b, n, d = x.shape
+            keys.append(a.k_proj(x + pos).view(b, n, a.num_kv_heads, a.head_dim).transpose(1, 2))
+            x = x + layer(x, pos)
+    return keys
+
+
+def test_two_layers_answer_layer_0_keys_cannot_see_the_previous_token(shipped):
+    import torch
+
+    q = QUESTIONS["04.two_layers"]
+    assert "previous-token head in an earlier layer" in q.choices[q.answer].text
+    model, probe, scores = shipped["model"], shipped["probe"], shipped["scores"]
+    tokens = probe[:8].clone()
+    j = 10
+    changed = tokens.clone()
+    changed[:, j - 1] = (changed[:, j - 1] + 1) % 64  # change only the token before position j
+    k0, k1 = _layer_keys(model, tokens)
+    c0, c1 = _layer_keys(model, changed)
+    assert torch.equal(k0[:, :, j], c0[:, :, j])  # a layer-0 key knows its own token and position only
+    assert (k1[:, :, j] - c1[:, :, j]).abs().max() > 1e-3  # a layer-1 key reads the previous token
+    assert scores["induction"][0].max() < 0.2 and scores["induction"][1].max() >= 0.8
+
+
+def _ablated(shipped, layer, heads):
+    from mhalib.interpret import ablation_hook
+    from mhalib.training import evaluate
+
+    return evaluate(shipped["model"], shipped["task"], z_hook=ablation_hook(layer, heads))
+
+
+def test_ablation_answer_ablating_the_previous_token_head_breaks_the_model(shipped):
+    import torch
+    from mhalib.interpret import ablation_hook
+
+    q = QUESTIONS["04.ablation"]
+    assert q.choices[q.answer].text.startswith("Whether the model needs the head")
+    prev = int(shipped["scores"]["previous"][0].argmax())
+    assert prev == 1 and shipped["scores"]["previous"][0, prev] >= 0.5  # "layer 0 head 1" in the prompt
+    base = shipped["base"]["loss"]
+    assert _ablated(shipped, 0, prev)["loss"] > base + 2.0
+    # an ablation leaves the head's attention weights as they were: it zeroes the output after them
+    model, tokens = shipped["model"], shipped["probe"][:16]
+    with torch.no_grad():
+        _, w = model(tokens, return_weights=True)
+        _, w_ablated = model(tokens, return_weights=True, z_hook=ablation_hook(0, prev))
+    assert torch.equal(w[:, 0], w_ablated[:, 0])
+
+
+def test_redundant_answer_induction_heads_matter_only_together(shipped):
+    import torch
+    from mhalib.interpret import ablation_hook
+
+    q = QUESTIONS["04.redundant"]
+    assert q.choices[q.answer].text.startswith("They do the same job redundantly")
+    induction = [h for h in range(4) if shipped["scores"]["induction"][1, h] >= 0.5]
+    assert induction == [1, 2, 3]
+    base = shipped["base"]["loss"]
+    rises = [_ablated(shipped, 1, h)["loss"] - base for h in induction]
+    together = _ablated(shipped, 1, induction)["loss"] - base
+    assert max(rises) < 0.1 and together > 2.0
+    assert sum(rises) < 0.05 * together  # the single rises do not add up to the joint one
+    model, tokens = shipped["model"], shipped["probe"][:16]
+    with torch.no_grad():
+        _, w = model(tokens, return_weights=True)
+        _, w_ablated = model(tokens, return_weights=True, z_hook=ablation_hook(1, induction))
+    assert torch.equal(w[:, 0], w_ablated[:, 0])  # layer 0, the previous-token head included, is untouched
+
+
+# Notebook 07: conversions of the shipped model.
+
+def _swap_heads(model, layer, a, b):
+    import copy
+
+    import torch
+
+    out = copy.deepcopy(model)
+    attn = out.layers[layer].attn
+    d = attn.head_dim
+    order = list(range(attn.num_heads))
+    order[a], order[b] = order[b], order[a]
+    rows = torch.cat([torch.arange(h * d, (h + 1) * d) for h in order])
+    with torch.no_grad():
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+            proj.weight.copy_(proj.weight[rows])
+        attn.o_proj.weight.copy_(attn.o_proj.weight[:, rows])
+    return out
+
+
+def test_methods_answer_mean_first_random_before_and_after_five_percent(shipped):
+    from mhalib.convert import convert_kv
+    from mhalib.training import evaluate, train
+
+    q = QUESTIONS["07.methods"]
+    assert q.choices[q.answer].text.startswith("mean < first < random")
+    model, task = shipped["model"], shipped["task"]
+    steps = shipped["meta"]["steps"] * 5 // 100
+    assert steps == 75
+    start, after = {}, {}
+    for method in ("mean", "first", "random"):
+        converted = convert_kv(model, 2, method, seed=0)
+        start[method] = evaluate(converted, task)["loss"]
+        train(converted, task, steps, seed=1, progress=False)
+        after[method] = evaluate(converted, task)["loss"]
+    assert start["mean"] < start["first"] < start["random"]
+    assert after["mean"] < after["first"] < after["random"]
+    assert after["random"] > 2.0  # still on the plateau at 5%
+
+
+def test_first_order_answer_first_depends_on_head_order_mean_does_not(shipped):
+    import torch
+    from mhalib.convert import convert_kv
+    from mhalib.training import evaluate
+
+    q = QUESTIONS["07.first_order"]
+    assert q.choices[q.answer].text.startswith("'first' keeps whichever head sits first")
+    model, task, probe = shipped["model"], shipped["task"], shipped["probe"]
+    swapped = _swap_heads(model, 0, 0, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(swapped(probe), model(probe), atol=1e-4, rtol=0)  # same function
+    as_trained = evaluate(convert_kv(model, 2, "first"), task)["loss"]
+    lucky = evaluate(convert_kv(swapped, 2, "first"), task)["loss"]
+    assert lucky < as_trained - 0.5
+    # 'first' draws nothing, and mean pooling ignores the order within a group
+    for name in ("k_proj", "v_proj"):
+        a = getattr(convert_kv(model, 2, "first", seed=0).layers[0].attn, name).weight
+        b = getattr(convert_kv(model, 2, "first", seed=1).layers[0].attn, name).weight
+        assert torch.equal(a, b)
+        m0 = getattr(convert_kv(model, 2, "mean").layers[0].attn, name).weight
+        m1 = getattr(convert_kv(swapped, 2, "mean").layers[0].attn, name).weight
+        torch.testing.assert_close(m0, m1)
+
+
+def test_why_uptrain_answer_merged_heads_are_unrelated_and_every_method_breaks(shipped):
+    from mhalib.convert import convert_kv
+    from mhalib.training import evaluate
+
+    q = QUESTIONS["07.why_uptrain"]
+    assert q.choices[q.answer].text.startswith("With 4 heads each has its own job")
+    model, task = shipped["model"], shipped["task"]
+    h, d_head, d_model = model.config.num_heads, model.config.head_dim, model.config.d_model
+    for layer in model.layers:
+        w = layer.attn.k_proj.weight.detach().view(h, d_head, d_model)
+        for a, b in ((0, 1), (2, 3)):  # the GQA-2 groups
+            cos = float((w[a].flatten() @ w[b].flatten()) / (w[a].norm() * w[b].norm()))
+            assert abs(cos) < 0.1
+    base = shipped["base"]["loss"]
+    for method in ("mean", "first", "random"):
+        assert evaluate(convert_kv(model, 2, method), task)["loss"] > base + 1.0
+    assert 64 // 8 > h // 2  # the paper's groups are larger than ours, not smaller

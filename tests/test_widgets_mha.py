@@ -5,6 +5,8 @@ here (an independent oracle), and the step-through's last step against
 ``mhalib.np_attention.multi_head_attention``.
 """
 
+import io
+
 import numpy as np
 import pytest
 
@@ -72,6 +74,7 @@ def test_every_explorer_position_renders_or_explains(d_model):
             texts = view.figure.mhalib_texts
             assert [f"head {h}" for h in range(num_heads)] == [t for t in texts if t.startswith("head ")]
             assert set(tokens) <= set(texts)  # token labels drawn
+            assert view.figure.mhalib_image.shape[1] <= common.MAX_WIDTH_PX  # shown at its own size
             w = view.data["weights"]
             assert w.shape == (num_heads, n, n)
             np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-12)
@@ -122,6 +125,81 @@ def test_safe_render_turns_any_exception_into_words():
     assert not view.ok and "could not be drawn" in view.text and "boom" in view.text
 
 
+# ------------------------------------------------------------------ readable labels
+
+#: JupyterLab's output area is about 1,090 px wide in a 1,280 px window (the browser
+#: tests' size); a wider PNG is scaled down to fit, and its text with it.
+OUTPUT_AREA_PX = 1000
+#: The smallest readable label: a capital letter (or the ascender of an h) 8 px tall.
+READABLE_PX = 8
+LONGEST = max(SENTENCES, key=lambda s: len(SENTENCES[s]))
+
+
+def first_row_label_height(png, n_rows):
+    """Measured in the PNG: height in pixels of the ink of the first panel's first row label.
+
+    The first panel's left edge is the first pixel column holding a vertical run of
+    non-white pixels at least 60 px long (its cells; a line of text is never that tall).
+    Its first row of cells spans the run's length / ``n_rows``; the label of that row is
+    the dark ink to the left of the cells in that band.
+    """
+    from PIL import Image
+
+    a = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)  # (height, width, 3)
+    filled = ~(a == 255).all(-1)  # (height, width)
+    for x in range(filled.shape[1]):
+        edges = np.diff(np.concatenate([[0], filled[:, x].astype(int), [0]]))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        if len(starts) and (ends - starts).max() >= 60:
+            k = int(np.argmax(ends - starts))
+            top, run = starts[k], ends[k] - starts[k]
+            break
+    else:
+        raise AssertionError("no panel of cells found in the image")
+    band = a[top:top + int(round(run / n_rows)), :x - 1]  # the first row, left of the cells
+    ink_rows = np.flatnonzero((band.mean(-1) < 128).any(1))
+    assert len(ink_rows), "no label found left of the first row of cells"
+    return int(ink_rows[-1] - ink_rows[0] + 1)
+
+
+def assert_readable(view, n_rows):
+    png = common.figure_png(view.figure)
+    width = view.figure.mhalib_image.shape[1]
+    assert width <= OUTPUT_AREA_PX, f"{width} px wide: a notebook scales it down, labels with it"
+    height = first_row_label_height(png, n_rows)
+    assert height >= READABLE_PX, f"token labels {height} px tall; readable is {READABLE_PX} px or more"
+
+
+@pytest.mark.parametrize("num_heads", [h for h in range(1, MAX_HEADS + 1) if any(d % h == 0 for d in D_MODEL_OPTIONS)])
+def test_explorer_token_labels_are_readable_with_the_longest_sentence(num_heads):
+    d_model = next(d for d in D_MODEL_OPTIONS if d % num_heads == 0)
+    view = render_mha(d_model, num_heads, LONGEST)
+    assert_readable(view, len(SENTENCES[LONGEST]))
+
+
+def test_explorer_token_labels_are_readable_with_the_most_heads():
+    for d_model in [d for d in D_MODEL_OPTIONS if d % MAX_HEADS == 0]:
+        for sentence in SENTENCES:
+            assert_readable(render_mha(d_model, MAX_HEADS, sentence), len(SENTENCES[sentence]))
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_step_through_token_labels_are_readable_at_the_largest_sizes(step):
+    d_model = max(STEP_D_MODEL_OPTIONS)
+    sentence = max(STEP_SENTENCES, key=lambda s: len(SENTENCES[s]))
+    for num_heads in (1, STEP_MAX_HEADS):
+        assert_readable(render_step(step, d_model, num_heads, sentence, True), len(SENTENCES[sentence]))
+
+
+def test_the_label_measure_sees_a_small_font():
+    """The measure above reads what is drawn: 7-point labels measure under 8 px."""
+    panels = [common.Panel(np.eye(11), "head 0", SENTENCES[LONGEST], SENTENCES[LONGEST])]
+    small = common.matrix_mosaic(panels, cell_px=16, fontsize=7)
+    large = common.matrix_mosaic(panels, cell_px=16, fontsize=12)
+    assert first_row_label_height(common.figure_png(small), 11) < READABLE_PX
+    assert first_row_label_height(common.figure_png(large), 11) >= READABLE_PX
+
+
 # ------------------------------------------------------------------ the step-through
 
 def expected_shapes(step, n, d_model, num_heads):
@@ -156,6 +234,7 @@ def test_every_step_position_renders_or_explains(d_model):
                     values = [t for t in view.figure.mhalib_texts if t.lstrip("-").replace(".", "").isdigit()
                               or t == "-inf"]
                     assert len(values) == cells  # every value written in its cell
+                    assert view.figure.mhalib_image.shape[1] <= common.MAX_WIDTH_PX
                     if step == "mask" and causal:
                         upper = np.triu(np.ones((n, n), bool), 1)
                         assert all(np.isneginf(m[upper]).all() and np.isfinite(m[~upper]).all() for m in mats)
@@ -250,6 +329,12 @@ def test_mosaic_draws_masked_cells_grey_and_refuses_bad_panels():
     assert "-inf" in fig.mhalib_texts
     px = fig.mhalib_image
     assert px.dtype == np.uint8 and px.shape[2] == 3
+    many = [common.Panel(np.zeros((11, 11)), f"head {h}", list("abcdefghijk"), list("abcdefghijk"))
+            for h in range(16)]
+    fig = common.matrix_mosaic(many, cols=8, cell_px=16, share_labels=True)
+    assert fig.mhalib_cols == 4 and fig.mhalib_image.shape[1] <= common.MAX_WIDTH_PX  # 4 x 4, not 8 + 8
+    fig = common.matrix_mosaic(many, cols=8, cell_px=16, share_labels=True, max_width=4000)
+    assert fig.mhalib_cols == 8
     with pytest.raises(ValueError, match="at least one panel"):
         common.matrix_mosaic([])
     with pytest.raises(ValueError, match="2-D matrix"):

@@ -38,6 +38,7 @@ __all__ = [
     "connect",
     "Panel",
     "matrix_mosaic",
+    "MAX_WIDTH_PX",
 ]
 
 
@@ -247,6 +248,23 @@ class Panel:
     fmt: str = "{:.2f}"
 
 
+#: Widest figure the explorers draw, in pixels. A notebook shows a wider PNG scaled down
+#: to its output area (about 1,090 px wide in JupyterLab in a 1,280 px window), and its
+#: text shrinks with it; up to this width every label keeps the size it is drawn at.
+MAX_WIDTH_PX = 960
+
+
+# Text is rasterised here, glyph by glyph with matplotlib's FreeType wrapper, instead of
+# with ``Figure.text``: measured, matplotlib's text cannot keep every redraw under 100 ms.
+# benchmarks/bench_widgets.py draws each figure both ways in one run (same layout, same
+# places; render + PNG; 2 cores):
+#   H / d_model explorer, 106 settings: these glyphs median 8.9 ms, worst 38.2 ms;
+#     Figure.text median 62.4 ms, worst 198.6 ms (H = 16, 11 tokens), 86 of 106 under 100 ms.
+#   step-through, 144 settings: these glyphs median 8.9 ms, worst 39.6 ms;
+#     Figure.text median 83.8 ms, worst 379.8 ms (H = 8, 6 x 6 values each), 91 of 144.
+# Drawing the text on its own layer and blending it onto the cells (no figimage) still
+# took up to 142 ms and 324 ms. The cost is the text itself, about 1 ms per Text object,
+# and a step-through figure holds up to 400 of them.
 @lru_cache(maxsize=1)
 def _font():
     from matplotlib import font_manager, ft2font
@@ -317,51 +335,23 @@ def _fmt(value, fmt):
     return s
 
 
-def matrix_mosaic(panels, *, cols=8, cell_px=16, fontsize=7, dpi=72, caption=None,
-                  share_labels=False, cmap="cividis"):
-    """Draw matrices side by side as one pixel-exact image with text labels.
-
-    This is the fast path behind the explorers: the cells, titles, labels and values
-    are composed into one RGBA array (text bitmaps are cached), shown with a single
-    ``figimage``. A figure of 16 heatmaps draws and encodes to PNG in a few tens of
-    milliseconds, where one Axes per matrix takes several hundred.
-
-    Args:
-        panels: list of :class:`Panel`.
-        cols: panels per row of the grid.
-        cell_px: size of one matrix cell in pixels.
-        fontsize: label size in points (at 72 dpi, one point is one pixel).
-        share_labels: draw row labels only in the first grid column and column labels
-            only in the last grid row (all panels have the same labels).
-        caption: one line of text under the figure.
+def _grid_layout(panels, shapes, cols, cell_px, fontsize, share_labels):
+    """Pixel positions of the panels in a grid of ``cols`` panels per row.
 
     Returns:
-        A ``matplotlib.figure.Figure`` (not registered with pyplot). Its attribute
-        ``mhalib_panels`` is the number of matrices drawn, ``mhalib_texts`` the list
-        of every text written (titles, labels, values, caption) and ``mhalib_image`` the
-        ``(height, width, 3)`` uint8 pixels (what :func:`figure_png` encodes).
+        ``(xs, ys, width, height, title_h)``: the left edge of the cells in each grid
+        column, the top edge of the cells in each grid row, the size of the whole grid
+        and the height of a title line.
     """
-    import numpy as np
-    from matplotlib import colormaps
-    from matplotlib.figure import Figure
-
-    if not panels:
-        raise ValueError("matrix_mosaic needs at least one panel")
-    cm = colormaps[cmap]
-    mats = [np.asarray(p.matrix, dtype=float) for p in panels]
-    for m in mats:
-        if m.ndim != 2:
-            raise ValueError(f"each panel needs a 2-D matrix; got shape {m.shape}")
-    cols = max(1, min(cols, len(panels)))
     rows = -(-len(panels) // cols)
     grid = [(i // cols, i % cols) for i in range(len(panels))]
     title_fs = fontsize + 1
 
     def in_col(j):
-        return [(p, m) for p, m, (r, c) in zip(panels, mats, grid) if c == j]
+        return [(p, s) for p, s, (_, c) in zip(panels, shapes, grid) if c == j]
 
     def in_row(i):
-        return [(p, m) for p, m, (r, c) in zip(panels, mats, grid) if r == i]
+        return [(p, s) for p, s, (r, _) in zip(panels, shapes, grid) if r == i]
 
     def row_lab_w(p):
         if p.row_labels is None:
@@ -373,9 +363,9 @@ def matrix_mosaic(panels, *, cols=8, cell_px=16, fontsize=7, dpi=72, caption=Non
             return 0
         return max((_text_size(t, fontsize, rotated=True)[0] for t in p.col_labels), default=0) + 4
 
-    col_w = [max(max(m.shape[1] * cell_px, _text_size(p.title, title_fs)[1] - 6) if p.title else m.shape[1] * cell_px
-                 for p, m in in_col(j)) for j in range(cols)]
-    row_h = [max(m.shape[0] for _, m in in_row(i)) * cell_px for i in range(rows)]
+    col_w = [max(max(s[1] * cell_px, _text_size(p.title, title_fs)[1] - 6) if p.title else s[1] * cell_px
+                 for p, s in in_col(j)) for j in range(cols)]
+    row_h = [max(s[0] for _, s in in_row(i)) * cell_px for i in range(rows)]
     lab_w = [max([row_lab_w(p) for p, _ in in_col(j)] + [2]) for j in range(cols)]
     lab_h = [max([col_lab_h(p) for p, _ in in_row(i)] + [2]) for i in range(rows)]
     if share_labels:
@@ -392,9 +382,64 @@ def matrix_mosaic(panels, *, cols=8, cell_px=16, fontsize=7, dpi=72, caption=Non
         y += title_h
         ys.append(y)
         y += row_h[i] + lab_h[i] + 2
+    return xs, ys, x, y, title_h
+
+
+def matrix_mosaic(panels, *, cols=8, cell_px=16, fontsize=12, dpi=72, caption=None,
+                  share_labels=False, cmap="cividis", max_width=MAX_WIDTH_PX):
+    """Draw matrices side by side as one pixel-exact image with text labels.
+
+    This is the fast path behind the explorers: the cells, titles, labels and values
+    are composed into one RGBA array (text bitmaps are cached), shown with a single
+    ``figimage``. A figure of 16 heatmaps draws and encodes to PNG in a few tens of
+    milliseconds, where one Axes per matrix takes several hundred.
+
+    Args:
+        panels: list of :class:`Panel`.
+        cols: panels per row of the grid, at most: fewer when the grid would be wider
+            than ``max_width``, and then balanced (16 panels that fit 5 to a row are
+            drawn as 4 rows of 4), so that labels keep their size instead of the notebook
+            scaling the whole image down.
+        cell_px: size of one matrix cell in pixels; at least the label's line height
+            (about 1.2 x ``fontsize``) where rows or columns carry labels.
+        fontsize: label size in points (at 72 dpi, one point is one pixel); titles are
+            one point larger, values in cells one point smaller.
+        share_labels: draw row labels only in the first grid column and column labels
+            only in the last grid row (all panels have the same labels).
+        caption: one line of text under the figure.
+        max_width: the widest image, in pixels, that several panels per row may make
+            (default :data:`MAX_WIDTH_PX`); a single panel wider than this is drawn whole.
+
+    Returns:
+        A ``matplotlib.figure.Figure`` (not registered with pyplot). Its attribute
+        ``mhalib_panels`` is the number of matrices drawn, ``mhalib_cols`` the panels per
+        grid row, ``mhalib_texts`` the list of every text written (titles, labels, values,
+        caption) and ``mhalib_image`` the ``(height, width, 3)`` uint8 pixels (what
+        :func:`figure_png` encodes).
+    """
+    import numpy as np
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    if not panels:
+        raise ValueError("matrix_mosaic needs at least one panel")
+    cm = colormaps[cmap]
+    mats = [np.asarray(p.matrix, dtype=float) for p in panels]
+    for m in mats:
+        if m.ndim != 2:
+            raise ValueError(f"each panel needs a 2-D matrix; got shape {m.shape}")
+    shapes = [m.shape for m in mats]
+    cols = max(1, min(cols, len(panels)))
+    while cols > 1 and _grid_layout(panels, shapes, cols, cell_px, fontsize, share_labels)[2] > max_width:
+        cols -= 1
+    rows = -(-len(panels) // cols)
+    cols = -(-len(panels) // rows)  # the same number of rows, as even as they go
+    xs, ys, width, height, title_h = _grid_layout(panels, shapes, cols, cell_px, fontsize, share_labels)
+    grid = [(i // cols, i % cols) for i in range(len(panels))]
+    title_fs = fontsize + 1
     caption_h = fontsize + 10 if caption else 0
-    width = max(x, (_text_size(caption, fontsize)[1] + 12) if caption else 0)
-    height = y + caption_h
+    width = max(width, (_text_size(caption, fontsize)[1] + 12) if caption else 0)
+    height += caption_h
 
     img = np.ones((height, width, 4), dtype=np.float32)
     texts = []
@@ -441,5 +486,6 @@ def matrix_mosaic(panels, *, cols=8, cell_px=16, fontsize=7, dpi=72, caption=Non
     fig.figimage(pixels, 0, 0, origin="upper")
     fig.mhalib_image = pixels
     fig.mhalib_panels = len(panels)
+    fig.mhalib_cols = cols
     fig.mhalib_texts = texts
     return fig

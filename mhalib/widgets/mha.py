@@ -172,8 +172,10 @@ def _render_mha(d_model, num_heads, sentence):
                     annotate=not many and n <= 4 and num_heads <= 4)
               for h in range(num_heads)]
     annotated = panels[0].annotate
-    fig = matrix_mosaic(panels, cols=8, cell_px=30 if annotated else (16 if n > 6 else 24),
-                        fontsize=9, share_labels=True,
+    # 12 px labels (a capital letter 9 px tall) need a cell of at least 16 px per token;
+    # matrix_mosaic puts fewer heads in a row when 8 would be wider than a notebook shows
+    fig = matrix_mosaic(panels, cols=8, cell_px=34 if annotated else (16 if n > 6 else 24),
+                        fontsize=12, share_labels=True,
                         caption="rows: queries, columns: keys; colour: attention weight, 0 dark to 1 yellow")
     data = dict(d_model=d_model, num_heads=num_heads, d_head=d_head, tokens=tokens, params=params,
                 num_heatmaps=fig.mhalib_panels, shapes={name: shape for name, _, shape in rows},
@@ -298,7 +300,7 @@ def _render_step(step, d_model, num_heads, sentence, causal):
                f"{html.escape(text)}</p>")
     wide = max(s[1] for s in shapes)
     cols = 3 if step == "project" else (4 if wide > 4 else 8)
-    fig = matrix_mosaic(panels, cols=cols, cell_px=36, fontsize=10)
+    fig = matrix_mosaic(panels, cols=cols, cell_px=36, fontsize=12)
     data = dict(step=step, index=index, shapes=shapes, num_panels=fig.mhalib_panels, n=n,
                 d_model=d_model, num_heads=num_heads, causal=causal,
                 matrices=[np.asarray(p.matrix) for p in panels])
