@@ -115,8 +115,8 @@ lab: $(STAMP)
 # (ATEN_CPU_CAPABILITY: default, avx2, avx512, ...), and they round differently; the
 # notebooks whose numbers come from training run a second time with the portable kernels
 # on one thread, so a machine with a wider vector unit still checks a narrower one.
-PORTABLE := notebooks/04_what_heads_learn.ipynb notebooks/07_mha_to_gqa.ipynb \
-            solutions/04_what_heads_learn.ipynb solutions/07_mha_to_gqa.ipynb
+PORTABLE := notebooks/04_what_heads_learn.ipynb notebooks/08_mha_to_gqa.ipynb \
+            solutions/04_what_heads_learn.ipynb solutions/08_mha_to_gqa.ipynb
 
 test: $(STAMP)
 	$(PYTEST) tests --ignore=tests/browser -n 2

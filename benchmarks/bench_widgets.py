@@ -10,7 +10,7 @@ it), and, side by side in the same run, two obvious ways that are slower: drawin
 same heads with one matplotlib Axes per head (``mhalib.plots.attention_grid``), and
 the same explorer figure with its text drawn by matplotlib (``Figure.text``, one per
 title, label and value, at the same places) instead of the explorers' cached glyphs.
-The KV-cache explorer (notebook 05) and the GQA explorer (notebook 06) are held to
+The KV-cache explorer (notebook 06) and the GQA explorer (notebook 07) are held to
 the same goal: every model at its smallest, released and largest g, and every H
 with its smallest, middle and largest g.
 
@@ -161,7 +161,7 @@ def main():
 
 def bench_kv():
     """KV-cache explorer: each model at its smallest, released and largest g."""
-    print("\nKV-cache explorer (notebook 05) redraw (render + PNG), median of 5, 4,096 tokens, fp16")
+    print("\nKV-cache explorer (notebook 06) redraw (render + PNG), median of 5, 4,096 tokens, fp16")
     rows, kv_medians = [], []
     for model, c in MODEL_CONFIGS.items():
         options = divisors(c["num_heads"])
@@ -176,7 +176,7 @@ def bench_kv():
 
 def bench_gqa():
     """GQA explorer: each H at its smallest, middle and largest g."""
-    print("\nGQA explorer (notebook 06) redraw (render + PNG), median of 5, 4,096 tokens")
+    print("\nGQA explorer (notebook 07) redraw (render + PNG), median of 5, 4,096 tokens")
     rows, gqa_medians = [], []
     for h in HEAD_OPTIONS:
         options = divisors(h)

@@ -391,14 +391,14 @@ _add(Question(
 ))
 
 
-# Notebook 05: the KV cache, its size, and why decoding is memory-bound.
+# Notebook 06: the KV cache, its size, and why decoding is memory-bound.
 _add(Question(
-    id="05.exact",
+    id="06.exact",
     prompt="Decoding with a KV cache instead of recomputing every key and value at each step: "
            "how do the outputs change?",
     choices=(
         Choice("Slightly: the cache is an approximation that trades accuracy for speed.", False,
-               "Nothing is approximated. Notebook 05 decodes 32 tokens both ways and the outputs "
+               "Nothing is approximated. Notebook 06 decodes 32 tokens both ways and the outputs "
                "agree to 1e-12; the cache holds exactly the keys and values recomputing rebuilds."),
         Choice("Not at all: under the causal mask a token's key and value never depend on later "
                "tokens, so the cached ones are exactly what recomputing would give.", True,
@@ -410,7 +410,7 @@ _add(Question(
 ))
 
 _add(Question(
-    id="05.bytes",
+    id="06.bytes",
     prompt="Llama-3-8B: 32 layers, H = 32 query heads, g = 8 KV heads, d_k = 128, cache in fp16. "
            "How many bytes does its KV cache hold per token?",
     choices=(
@@ -425,7 +425,7 @@ _add(Question(
 ))
 
 _add(Question(
-    id="05.memory_bound",
+    id="06.memory_bound",
     prompt="Why is one decoding step limited by memory bandwidth rather than by arithmetic?",
     choices=(
         Choice("The new query does about 1 FLOP per byte of cache it reads (fp16), far below an "
@@ -442,9 +442,9 @@ _add(Question(
 ))
 
 
-# Notebook 06: MQA and GQA.
+# Notebook 07: MQA and GQA.
 _add(Question(
-    id="06.repeat",
+    id="07.repeat",
     prompt="H = 8 query heads, g = 2 K/V heads; k has shape (B, 2, N, d). Which line lets query "
            "head h read K/V head h // 4, as GQA checkpoints expect?",
     choices=(
@@ -464,7 +464,7 @@ _add(Question(
 ))
 
 _add(Question(
-    id="06.what_shrinks",
+    id="07.what_shrinks",
     prompt="From MHA (g = H = 32) to GQA-8 (g = 8): what becomes 4 times smaller?",
     choices=(
         Choice("The number of query projections and of attention maps.", False,
@@ -482,7 +482,7 @@ _add(Question(
 ))
 
 _add(Question(
-    id="06.cpu_floor",
+    id="07.cpu_floor",
     prompt="On a CPU, copy-free MQA (g = 1, H = 32) decodes only about 3 to 6 times faster than MHA, "
            "not 32 times. Why?",
     choices=(
@@ -491,7 +491,7 @@ _add(Question(
                "share it; copying and re-reading is what repeat_kv then SDPA does for GQA-8."),
         Choice("With 32 queries sharing each K/V head, a step does 16 FLOP per byte (fp32), past a "
                "CPU's ridge point: the arithmetic, which g does not reduce, becomes the limit.", True,
-               "The roofline in notebook 06 predicts the ceiling from the machine's measured rates. "
+               "The roofline in notebook 07 predicts the ceiling from the machine's measured rates. "
                "On a GPU the ridge point is far higher, so MQA stays memory-bound and keeps gaining."),
         Choice("MQA's cache is too large for the processor's caches.", False,
                "It is 32 times smaller than MHA's; the benchmark flushes the caches for every method "
@@ -500,9 +500,9 @@ _add(Question(
 ))
 
 
-# Notebook 07: converting the notebook-04 model from MHA to GQA and MQA.
+# Notebook 08: converting the notebook-04 model from MHA to GQA and MQA.
 _add(Question(
-    id="07.methods",
+    id="08.methods",
     prompt="Sections 2 and 3: the notebook-04 model is converted to GQA-2 by 'mean' (average the "
            "K/V heads of each group), 'first' (keep each group's first head) or 'random' (fresh "
            "K/V weights), then uptrained for 5% of the original steps (75 steps). How do the three "
@@ -530,7 +530,7 @@ _add(Question(
 ))
 
 _add(Question(
-    id="07.first_order",
+    id="08.first_order",
     prompt="Section 4: swapping heads 0 and 1 of layer 0 (rows of W_q, W_k, W_v and the matching "
            "columns of W_o) puts the previous-token head first in its GQA-2 group. Converted by "
            "'first', the loss before uptraining is then 2.47 instead of 3.86. Why?",
@@ -553,7 +553,7 @@ _add(Question(
 ))
 
 _add(Question(
-    id="07.why_uptrain",
+    id="08.why_uptrain",
     prompt="Section 5: Ainslie et al. find GQA converted from T5-XXL (64 heads, groups of 8) "
            "usable right after conversion, but our GQA-2 by mean starts at loss 2.74 against "
            "0.013 for the MHA model. Which reason does the notebook give?",

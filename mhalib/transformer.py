@@ -1,6 +1,6 @@
 """A small attention-only transformer, built from mhalib's grouped-query attention.
 
-The model of notebooks 04 and 07 (after Elhage et al., 2021, and Olsson et al., 2022):
+The model of notebooks 04 and 08 (after Elhage et al., 2021, and Olsson et al., 2022):
 
 * token embedding -> residual stream ``(B, N, d_model)``;
 * ``num_layers`` attention layers, each adding its output to the residual stream;

@@ -285,7 +285,7 @@ def test_other_exercises_name_their_mistakes(answers, capsys):
     assert check("ablate_head", ablate_in_place) is False
     assert "changed its input z in place" in capsys.readouterr().out
 
-    ns = answers("05_kv_cache")
+    ns = answers("06_kv_cache")
     assert check("kv_cache_bytes", ns["kv_cache_bytes"]) is True
     assert check("decode_step", ns["decode_step"]) is True
     capsys.readouterr()
@@ -301,7 +301,7 @@ def test_other_exercises_name_their_mistakes(answers, capsys):
     assert check("decode_step", no_append) is False
     assert "append the new token" in capsys.readouterr().out
 
-    ns = answers("07_mha_to_gqa")
+    ns = answers("08_mha_to_gqa")
     assert check("mean_pool_kv", ns["mean_pool_kv"]) is True
     capsys.readouterr()
 

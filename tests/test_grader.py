@@ -136,8 +136,8 @@ def test_cli_writes_results_and_csv_and_exits_zero(tmp_path):
     ({"mhalib": {"exercise": "02_multi_head_attention"}}, "whatever.ipynb", "02_multi_head_attention"),
     ({"mhalib": {"exercise": "99_unknown"}}, "03_mha_in_pytorch_alice.ipynb", "03_mha_in_pytorch"),
     ({}, "ex01.ipynb", "01_single_head_attention"),
-    (None, "exercise_6 (1).ipynb", "06_mqa_gqa"),
-    ({}, "5_kv_cache_bob.ipynb", "05_kv_cache"),
+    (None, "exercise_7 (1).ipynb", "07_mqa_gqa"),
+    ({}, "6_kv_cache_bob.ipynb", "06_kv_cache"),
     ({}, "homework.ipynb", None),
 ])
 def test_recognise_by_metadata_then_file_name(metadata, filename, key):

@@ -119,7 +119,7 @@ def ablate_head(z, head):
     keep[head] = 0
     return z * keep[:, None, None]
 ''',
-    "05_kv_cache": '''
+    "06_kv_cache": '''
 import numpy as np
 
 def kv_cache_bytes(num_layers, num_kv_heads, head_dim, num_tokens, batch_size=1, bytes_per_element=2):
@@ -139,7 +139,7 @@ def decode_step(x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads):
     z = (p @ v_cache).transpose(0, 2, 1, 3).reshape(b, 1, d)
     return z @ w_o, k_cache, v_cache
 ''',
-    "06_mqa_gqa": '''
+    "07_mqa_gqa": '''
 import numpy as np
 
 def grouped_query_attention(x, w_q, w_k, w_v, w_o, num_heads, num_kv_heads, mask=None):
@@ -161,7 +161,7 @@ def grouped_query_attention(x, w_q, w_k, w_v, w_o, num_heads, num_kv_heads, mask
 def multi_query_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None):
     return grouped_query_attention(x, w_q, w_k, w_v, w_o, num_heads, 1, mask)
 ''',
-    "07_mha_to_gqa": '''
+    "08_mha_to_gqa": '''
 import torch
 
 def mean_pool_kv(weight, num_heads, num_kv_heads):

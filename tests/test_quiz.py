@@ -210,19 +210,19 @@ def test_in_proj_answer_matches_the_stored_layout():
         assert torch.equal(qkv[..., :64], x @ w_q.T)
 
 
-# Every notebook has a quiz: notebooks 01, 04 and 07 included.
+# Every notebook has a quiz: notebooks 01, 04 and 08 included.
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
-NEW = ("01", "04", "07")
+NEW = ("01", "04", "08")
 
 
 def test_the_course_has_seven_notebooks_and_every_question_names_one():
-    assert sorted(NOTEBOOKS) == ["01", "02", "03", "04", "05", "06", "07"]
+    assert sorted(NOTEBOOKS) == ["01", "02", "03", "04", "06", "07", "08"]
     assert {qid.split(".")[0] for qid in QUESTIONS} == set(NOTEBOOKS)
 
 
-@pytest.mark.parametrize("nb", ["01", "02", "03", "04", "05", "06", "07"])
+@pytest.mark.parametrize("nb", ["01", "02", "03", "04", "06", "07", "08"])
 def test_every_notebook_has_a_quiz_of_at_least_three_checked_questions(nb):
     qs = questions(nb)
     assert len(qs) >= 3
@@ -268,7 +268,7 @@ def test_new_questions_name_sections_their_notebook_has(nb):
 
 # The measured numbers the new questions quote: (as the question writes it, as the notebook
 # prints it in a stored output). Only numbers that no processor changes: results of training
-# (notebook 04 trains its model; notebook 07 uptrains) are quoted as the bounds the notebook
+# (notebook 04 trains its model; notebook 08 uptrains) are quoted as the bounds the notebook
 # asserts, listed in ASSERTED.
 PRINTED = {
     "01.sqrt_dk": [("0.815", "0.815")],
@@ -278,9 +278,9 @@ PRINTED = {
     "04.two_layers": [("after 1,000 steps", "1000/1000")],
     "04.ablation": [("0.82", "0.82")],
     "04.redundant": [("4.16", "4.16")],
-    "07.methods": [("3.86", "3.86"), ("2.74", "2.74")],
-    "07.first_order": [("2.47", "2.47"), ("3.86", "3.86")],
-    "07.why_uptrain": [("2.74", "2.74"), ("0.013", "0.013"), ("0.998", "0.998"), ("0.82", "0.82"),
+    "08.methods": [("3.86", "3.86"), ("2.74", "2.74")],
+    "08.first_order": [("2.47", "2.47"), ("3.86", "3.86")],
+    "08.why_uptrain": [("2.74", "2.74"), ("0.013", "0.013"), ("0.998", "0.998"), ("0.82", "0.82"),
                        ("0.98", "0.98"), ("-0.08", "-0.08"), ("+0.01", "+0.01"), ("3.86", "3.86")],
 }
 # (as the question writes it, the assertion in the notebook's code that backs it)
@@ -288,7 +288,7 @@ ASSERTED = {
     "04.ablation": [("more than 2", "by_head[(0, PREV_HEAD)] > base + 2.0")],
     "04.redundant": [("less than 0.1", "max(by_head[(1, h)] - base for h in INDUCTION_HEADS) < 0.1"),
                      ("more than 2", 'all_induction["loss"] > base + 2.0')],
-    "07.methods": [("a loss above 2", 'curves[(2, "random")][STEPS_5] > 2.0')],
+    "08.methods": [("a loss above 2", 'curves[(2, "random")][STEPS_5] > 2.0')],
 }
 
 
@@ -474,7 +474,7 @@ def test_redundant_answer_induction_heads_matter_only_together(shipped):
     assert torch.equal(w[:, 0], w_ablated[:, 0])  # layer 0, the previous-token head included, is untouched
 
 
-# Notebook 07: conversions of the shipped model.
+# Notebook 08: conversions of the shipped model.
 
 def _swap_heads(model, layer, a, b):
     import copy
@@ -498,7 +498,7 @@ def test_methods_answer_mean_first_random_before_and_after_five_percent(shipped)
     from mhalib.convert import convert_kv
     from mhalib.training import evaluate, train
 
-    q = QUESTIONS["07.methods"]
+    q = QUESTIONS["08.methods"]
     assert q.choices[q.answer].text.startswith("mean < first < random")
     model, task = shipped["model"], shipped["task"]
     steps = shipped["meta"]["steps"] * 5 // 100
@@ -519,7 +519,7 @@ def test_first_order_answer_first_depends_on_head_order_mean_does_not(shipped):
     from mhalib.convert import convert_kv
     from mhalib.training import evaluate
 
-    q = QUESTIONS["07.first_order"]
+    q = QUESTIONS["08.first_order"]
     assert q.choices[q.answer].text.startswith("'first' keeps whichever head sits first")
     model, task, probe = shipped["model"], shipped["task"], shipped["probe"]
     swapped = _swap_heads(model, 0, 0, 1)
@@ -542,7 +542,7 @@ def test_why_uptrain_answer_merged_heads_are_unrelated_and_every_method_breaks(s
     from mhalib.convert import convert_kv
     from mhalib.training import evaluate
 
-    q = QUESTIONS["07.why_uptrain"]
+    q = QUESTIONS["08.why_uptrain"]
     assert q.choices[q.answer].text.startswith("With 4 heads each has its own job")
     model, task = shipped["model"], shipped["task"]
     h, d_head, d_model = model.config.num_heads, model.config.head_dim, model.config.d_model

@@ -4,9 +4,9 @@ One module per explorer:
 
 * ``mhalib.widgets.mha``: H and d_model (notebook 02): shape trace, d_head, parameter
   count, one heatmap per head; and a step-through view of one forward pass.
-* ``mhalib.widgets.kv``: context length and KV heads (notebook 05): cache bytes for
+* ``mhalib.widgets.kv``: context length and KV heads (notebook 06): cache bytes for
   real models.
-* ``mhalib.widgets.gqa``: H and g (notebook 06): which query heads share which K/V
+* ``mhalib.widgets.gqa``: H and g (notebook 07): which query heads share which K/V
   head, and what the cache costs.
 * ``mhalib.widgets.common``: what they share (a safe render wrapper, sliders, the
   layout and CSS classes the browser tests look for).

@@ -7,7 +7,7 @@
   render function explains any other value in plain words. It never raises.
 
 The cache sizes use a Llama-2-7B-like stack (32 layers, d_k 128, fp16), so the numbers
-can be compared with notebook 05.
+can be compared with notebook 06.
 """
 
 from __future__ import annotations

@@ -28,13 +28,13 @@ def test_widgets_work_in_jupyterlab(notebook, lab_page, lab_server, screenshots)
 
 
 def test_widget_notebooks_are_found():
-    """The course's explorers (02 H and d_model, 05 KV cache, 06 GQA) are all checked.
+    """The course's explorers (02 H and d_model, 06 KV cache, 07 GQA) are all checked.
 
     Guards the detection above: a notebook that imported its explorer another way would
     otherwise drop out of the browser tests without a word.
     """
     found = {p.stem for p in widget_notebooks()}
-    assert {"02_multi_head_attention", "05_kv_cache", "06_mqa_gqa"} <= found, found
+    assert {"02_multi_head_attention", "06_kv_cache", "07_mqa_gqa"} <= found, found
 
 
 

@@ -1,4 +1,4 @@
-"""Exercise 05: ``kv_cache_bytes`` and one ``decode_step`` with a KV cache (NumPy)."""
+"""Exercise 06: ``kv_cache_bytes`` and one ``decode_step`` with a KV cache (NumPy)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from mhalib.grade.spec import (
     check_array, check_pair, describe,
 )
 
-KEY = "05_kv_cache"
+KEY = "06_kv_cache"
 
 # (num_layers, num_kv_heads, head_dim): Llama-2-7B, Llama-2-70B, Mistral-7B, Falcon-7B
 _REAL = [(32, 32, 128), (80, 8, 128), (32, 8, 128), (32, 1, 64)]

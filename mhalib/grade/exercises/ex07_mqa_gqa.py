@@ -1,4 +1,4 @@
-"""Exercise 06: ``grouped_query_attention`` and ``multi_query_attention`` in NumPy."""
+"""Exercise 07: ``grouped_query_attention`` and ``multi_query_attention`` in NumPy."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from mhalib.grade.exercises.ex02_multi_head_attention import (
 )
 from mhalib.grade.spec import ATTENTION_FORBIDDEN, Case, Exercise, Graded
 
-KEY = "06_mqa_gqa"
+KEY = "07_mqa_gqa"
 
 _PLANS = {4: (2,), 6: (2, 3), 8: (2, 4)}
 

@@ -1,4 +1,4 @@
-"""Exercise 07: ``mean_pool_kv``, the mean-pool conversion of a K or V projection weight.
+"""Exercise 08: ``mean_pool_kv``, the mean-pool conversion of a K or V projection weight.
 
 The weight arrives in the learner's function as a torch tensor (as ``layer.weight``
 would), ``(H * d_head, d_model)``; the reference is :func:`mhalib.convert.mean_pool_kv`.
@@ -10,7 +10,7 @@ import numpy as np
 
 from mhalib.grade.spec import Case, Exercise, Graded, check_array, match_variant
 
-KEY = "07_mha_to_gqa"
+KEY = "08_mha_to_gqa"
 _PLANS = [(4, 2), (4, 1), (8, 2), (8, 4), (6, 3), (6, 2), (4, 4)]
 
 
