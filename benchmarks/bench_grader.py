@@ -3,7 +3,8 @@
 Goals (from the course's requirements): under 3 s per submission, a class of 40 in
 under 60 s on 2 cores. The class is made of copies of the solution notebooks and of
 the exercises generated from them (half full marks, half zero), graded through the
-command line exactly as an instructor would. Times are wall clock on a shared
+command line exactly as an instructor would, each submission in its own sandbox (the
+isolation the grader chooses here is printed). Times are wall clock on a shared
 machine: read the ratios to the goals, not the last digit.
 """
 
@@ -77,6 +78,9 @@ def main():
         print(f"\nmedian single submission: {statistics.median(per_submission):.2f} s "
               f"(goal < {ONE_GOAL_S:.0f} s); class of {CLASS_SIZE}: {t_class:.1f} s (goal < {CLASS_GOAL_S:.0f} s)")
         print("time / goal below 1 meets the goal.")
+        from mhalib.grade.sandbox import decide
+
+        print(f"isolation: {decide().kind or decide().problem}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -235,3 +235,43 @@ def test_grader_counts_a_value_error_subclass_as_a_value_error(tmp_path):
               + _MASK.format(refuse="if n < 1:\n        raise PositionsError(f'n={n}; need n >= 1')"))
     result = grade_notebook(_submission(tmp_path, "01_single_head_attention.ipynb", "causal_mask", source), seed=11)
     assert result.score == result.max_score, result.text()
+
+
+def test_instructors_guide_lists_what_each_exercise_forbids():
+    """The guide's table of forbidden calls and the exercises' lists agree."""
+    import re
+
+    from mhalib.grade.worker import FRIENDLY_NAMES
+
+    guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    table = guide[guide.index("What each exercise forbids:"):].split("\n\n")[1]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        numbers, forbidden = line.strip("|").split("|")[:2]
+        for number in re.findall(r"\d\d", numbers):
+            rows[number] = forbidden
+    assert set(rows) == {key[:2] for key in registry.all_exercises()}
+    for key, ex in registry.all_exercises().items():
+        in_code = {FRIENDLY_NAMES.get(rule, rule) for g in ex.graded for rule in g.forbidden if rule.startswith("torch")}
+        in_guide = set(re.findall(r"`(torch\.[\w.]+)`", rows[key[:2]]))
+        allowed = {"torch.nn.functional.scaled_dot_product_attention"} if "allowed" in rows[key[:2]] else set()
+        assert in_guide - allowed == in_code, f"exercise {key}: the guide says {in_guide}, the code {in_code}"
+        assert "`mhalib`" in rows[key[:2]]
+
+
+@pytest.mark.parametrize("notebook", [
+    {"cells": [{"cell_type": "code", "metadata": [], "source": ["import numpy as np\n", 7]}], "metadata": {}},
+    {"cells": [{"cell_type": "code", "metadata": {"tags": "self-check"}, "source": None}, 3, None], "metadata": []},
+    {"cells": [], "metadata": {"mhalib": "01"}, "nbformat": 4, "nbformat_minor": 5},
+    {"cells": [{"cell_type": "code"}], "metadata": {"mhalib": {"exercise": ["01"]}}, "nbformat": 99},
+    {"cells": "many", "nbformat": 4, "nbformat_minor": 5},
+], ids=["odd-metadata", "odd-cells", "odd-mhalib", "odd-version", "cells-not-a-list"])
+def test_malformed_notebooks_are_results_not_errors(notebook, tmp_path):
+    """A notebook of a known exercise (by its name) that is JSON of the wrong shape: graded
+    or refused with a reason, never an internal error."""
+    notebook = {"nbformat": 4, "nbformat_minor": 5, **notebook}
+    path = tmp_path / "01_odd.ipynb"
+    path.write_text(json.dumps(notebook))
+    result = grade_notebook(path, seed=1)
+    assert result.exercise == "01_single_head_attention" and result.score == 0, result.text()
+    assert len(result.checks) == 3 and "internal grader error" not in result.text()

@@ -31,10 +31,11 @@ CASES = {
     "cheat_eq_always_true": {MASK: ("full", ""), SDPA: ("zero", "got an object of type Liar")},
     "cheat_eq_subclass": {MASK: ("zero", "wrong"), SDPA: ("full", "")},
     "cheat_library_call": {MASK: ("zero", "calls mhalib.np_attention.causal_mask"),
-                           SDPA: ("zero", "calls mhalib.np_attention.scaled_dot_product_attention")},
+                           SDPA: ("zero", "calls mhalib.scaled_dot_product_attention")},
     "cheat_torch_sdpa": {MASK: ("full", ""),
                          SDPA: ("zero", "calls torch.nn.functional.scaled_dot_product_attention")},
-    "cheat_disable_tracing": {MASK: ("full", ""), SDPA: ("zero", "switched off the grader's call tracing")},
+    "cheat_disable_tracing": {MASK: ("full", ""),
+                              SDPA: ("zero", "calls mhalib.np_attention.scaled_dot_product_attention")},
     "cheat_mutates_input": {"split_heads": ("zero", "changed its input x in place"), "merge_heads": ("full", "")},
     "cheat_mutates_and_patches": {"split_heads": ("zero", "changed its input x in place"),
                                   "merge_heads": ("full", "")},
@@ -66,7 +67,7 @@ TORCH_CASES = {
 
 
 def test_every_fixture_has_an_expectation():
-    names = {p.stem for p in FIXTURES.glob("*.ipynb")}
+    names = {p.stem for p in FIXTURES.glob("*.ipynb") if not p.stem.startswith("attack_")}  # test_grader_attacks
     assert names == set(CASES) | set(TORCH_CASES)
 
 
@@ -133,7 +134,8 @@ def test_patching_comparisons_in_the_submission_cannot_reach_the_grader(tmp_path
 
 
 def test_submission_runs_in_another_process_and_directory(tmp_path):
-    """Code in the notebook sees its own pid and a temporary working directory."""
+    """Code in the notebook runs in its own process, in a private /tmp, without torch for a
+    NumPy exercise, and cannot write where the grader runs."""
     import os
 
     import nbformat
@@ -142,16 +144,18 @@ def test_submission_runs_in_another_process_and_directory(tmp_path):
     nb.metadata["mhalib"] = {"exercise": "01_single_head_attention"}
     probe = tmp_path / "probe.txt"
     nb.cells = [nbformat.v4.new_code_cell(
-        "import os, numpy as np\n"
-        "import sys\n"
+        "import os, sys\n"
+        "import numpy as np\n"
         "torch_loaded = any(m == 'torch' or m.startswith('torch.') for m in sys.modules)\n"
-        f"open({str(probe)!r}, 'w').write(f'{{os.getpid()}} {{torch_loaded}} {{os.getcwd()}}')\n"
-        "def causal_mask(n):\n    return np.where(np.triu(np.ones((n, n), bool), 1), -np.inf, 0.0)\n")]
+        "try:\n"
+        f"    open({str(probe)!r}, 'w').write('written')\n"
+        "    wrote = True\n"
+        "except OSError:\n"
+        "    wrote = False\n"
+        "def causal_mask(n):\n"
+        "    raise RuntimeError(f'pid={os.getpid()} torch={torch_loaded} cwd={os.getcwd()} wrote={wrote}')\n")]
     path = tmp_path / "probe.ipynb"
     nbformat.write(nb, path)
-    result = grade_notebook(path, limits=FAST)
-    assert result.checks[0].name == "causal_mask" and result.checks[0].score == result.checks[0].max_score
-    pid, torch_loaded, cwd = probe.read_text().split(" ", 2)
-    assert int(pid) != os.getpid()
-    assert torch_loaded == "False", "a NumPy exercise starts its child without torch"
-    assert "mhalib-grade-" in cwd and not os.path.exists(cwd), "the temporary directory is removed"
+    output = grade_notebook(path, limits=FAST).checks[0].output
+    assert f"pid={os.getpid()} " not in output and "torch=False cwd=/tmp wrote=False" in output, output
+    assert not probe.exists()

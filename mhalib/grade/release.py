@@ -50,17 +50,6 @@ class ReleaseError(ValueError):
     """A solution notebook that cannot be turned into an exercise (e.g. unbalanced markers)."""
 
 
-def _source_text(cell):
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
-
-
-def _split_source(text):
-    """Jupyter's on-disk form: a list of lines, each but the last ending in a newline."""
-    lines = text.splitlines(keepends=True)
-    return lines
-
-
 def _stub_message(lines, index):
     """A helpful message naming the function (or method of a class) the stub sits in."""
     func = cls = None
@@ -81,13 +70,8 @@ def _stub_message(lines, index):
             cls = m.group(1)
             break
         indent = ind
-    if func and cls:
-        where = f"{cls}.{func}"
-    else:
-        where = func or cls
-    if where:
-        return f"{where} is not written yet: replace this line with your code"
-    return "not written yet: replace this line with your code"
+    where = f"{cls}.{func}" if func and cls else func or cls
+    return f"{where + ' is not' if where else 'not'} written yet: replace this line with your code"
 
 
 def release_text(text, *, kind="code", where="cell"):
@@ -96,10 +80,7 @@ def release_text(text, *, kind="code", where="cell"):
     Returns ``(new_text, had_solution)``. Raises :class:`ReleaseError` on unbalanced
     markers, naming ``where``.
     """
-    lines = text.splitlines(keepends=True)
-    out = []
-    had_solution = False
-    i = 0
+    lines, out, had_solution, i = text.splitlines(keepends=True), [], False, 0
     while i < len(lines):
         line = lines[i]
         stripped = line.strip()
@@ -118,12 +99,8 @@ def release_text(text, *, kind="code", where="cell"):
             newline = "\n" if lines[j].endswith("\n") else ""
             if not hidden:
                 had_solution = True
-                if kind == "code":
-                    out.append(f"{indent}# YOUR CODE HERE\n")
-                    msg = _stub_message(lines, i)
-                    out.append(f"{indent}raise NotImplementedError({msg!r}){newline}")
-                else:
-                    out.append(f"{indent}{ANSWER_PLACEHOLDER}{newline}")
+                out.append(f"{indent}# YOUR CODE HERE\n{indent}raise NotImplementedError({_stub_message(lines, i)!r})"
+                           f"{newline}" if kind == "code" else f"{indent}{ANSWER_PLACEHOLDER}{newline}")
             i = j + 1
             continue
         if stripped.startswith(END_SOLUTION) or stripped.startswith(END_HIDDEN):
@@ -146,10 +123,10 @@ def release_notebook(nb, *, name="notebook"):
             meta.pop(key, None)
         had_solution = False
         if kind in ("code", "markdown"):
-            text, had_solution = release_text(
-                _source_text(cell), kind=kind, where=f"{name}, cell {index}"
-            )
-            cell["source"] = _split_source(text)
+            source = cell.get("source", "")
+            text, had_solution = release_text("".join(source) if isinstance(source, list) else source, kind=kind,
+                                              where=f"{name}, cell {index}")
+            cell["source"] = text.splitlines(keepends=True)  # Jupyter's on-disk form
         if kind == "code":
             cell["outputs"] = []
             cell["execution_count"] = None
@@ -181,17 +158,9 @@ def render(solution_path):
     return dumps(release_notebook(nb, name=str(solution_path)))
 
 
-def _solutions(paths, root):
-    if paths:
-        return [Path(p) for p in paths]
-    return sorted((root / "solutions").glob("*.ipynb"))
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m mhalib.grade.release",
-        description="Generate exercises/NN.ipynb from solutions/NN.ipynb.",
-    )
+    parser = argparse.ArgumentParser(prog="python -m mhalib.grade.release",
+                                     description="Generate exercises/NN.ipynb from solutions/NN.ipynb.")
     parser.add_argument("solutions", nargs="*", help="solution notebooks (default: solutions/*.ipynb)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if an exercise differs from what would be generated")
@@ -199,7 +168,7 @@ def main(argv=None):
     parser.add_argument("--root", default=".", help="course root holding solutions/ (default: .)")
     args = parser.parse_args(argv)
     root = Path(args.root)
-    sources = _solutions(args.solutions, root)
+    sources = [Path(p) for p in args.solutions] or sorted((root / "solutions").glob("*.ipynb"))
     if not sources:
         print(f"no solution notebooks found under {root / 'solutions'}")
         return 0
@@ -212,17 +181,14 @@ def main(argv=None):
             return 2
         dest = exercise_path(src, args.out_dir)
         current = dest.read_text(encoding="utf-8") if dest.exists() else None
-        if args.check:
-            if current != text:
-                stale.append(dest)
-                print(f"{dest}: {'missing' if current is None else 'differs from'} "
-                      f"what {src} generates")
-            continue
-        if current != text:
+        if args.check and current != text:
+            stale.append(dest)
+            print(f"{dest}: {'missing' if current is None else 'differs from'} what {src} generates")
+        elif not args.check and current != text:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(text, encoding="utf-8")
             print(f"wrote {dest}")
-        else:
+        elif not args.check:
             print(f"{dest} up to date")
     if args.check and not args.solutions:
         ex_dir = Path(args.out_dir) if args.out_dir else root / "exercises"

@@ -1,17 +1,32 @@
-"""Run a submission's code in a separate, resource-limited Python process.
+"""Where a submission's code runs: a child process, isolated as :func:`decide` says.
 
-The grader's process never executes learner code. :class:`Sandbox` starts
-``python -I -m mhalib.grade._worker`` in its own temporary working directory with a
-minimal environment and limits on memory (``RLIMIT_AS``), CPU time, file size and
-printed output, runs the notebook's cells there, and asks it to call graded
-functions one case at a time, each under a wall-clock time limit. When the child
-dies, hangs or misbehaves it is killed and, if asked, started again (re-running the
-cells that worked), so one bad function cannot take the others down with it.
+:func:`decide` picks the isolation once, before the first submission, by starting a
+child the real way and checking what it reports before any learner code (its user, and
+that it cannot read the course); it never changes during a run:
+
+* **bubblewrap**: own PID, network, IPC and UTS namespaces; ``/usr``, the Python and the
+  site-packages (at ``/site/N``) read-only, nothing else of the machine (no checkout, no
+  ``mhalib``, no results, no other submission); a private ``/tmp`` of ``Limits.file_mb``;
+  an unprivileged user (as root, an unused uid per job, ``UID_BASE`` and up; otherwise
+  uid 65534 in a user namespace). It dies with the grader; its PID namespace, and all
+  it started, end with it.
+* **unprivileged user**: as root where bubblewrap cannot run, in a one-submission
+  container only (``mhalib.grade.gradescope``): user ``nobody``, a private folder, every
+  process of ``nobody`` killed afterwards; the course must be unreadable to ``nobody``.
+* **none**: only when asked (``--no-isolation``), for a learner's own work.
+
+Otherwise nothing is graded (fail closed). :class:`Sandbox` drives one submission's
+child: it runs the cells, asks for calls and restarts the child after a crash or a hang
+(skipping the cell that caused it). Every read and write has a deadline; every failure
+is an outcome with a reason.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -20,160 +35,244 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from mhalib.grade import protocol
+from mhalib.grade import worker
 
-__all__ = ["Limits", "Sandbox", "CallOutcome"]
+__all__ = ["Limits", "Isolation", "Sandbox", "CallOutcome", "decide"]
+
+NOBODY = 65534
+UID_BASE = 2_000_000_000  # as root under bubblewrap: UID_BASE + 100 * (grader pid % 10**6) + job
+COURSE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../mhalib
+# The child's program: its import path first (it runs with -I -S), then the worker.
+WORKER_SOURCE = ("import json, sys\nsys.path.extend(json.loads(sys.argv[1])['path'])\n"
+                 + open(worker.__file__, encoding="utf-8").read())  # noqa: SIM115 - read once, at import
 
 
 @dataclass
 class Limits:
-    """Resource limits for the child process (all per submission)."""
+    """Resource limits of one submission's child process."""
 
     memory_mb: int = 2048  # address space (RLIMIT_AS); torch needs about 1 GiB
     cpu_s: int = 300  # CPU seconds for the whole child (RLIMIT_CPU)
-    file_mb: int = 64  # largest file the child may write (RLIMIT_FSIZE)
+    file_mb: int = 64  # largest file (RLIMIT_FSIZE), and the size of the private /tmp
+    nproc: int = 64  # processes and threads of its user (RLIMIT_NPROC)
     call_timeout_s: float = 10.0  # wall clock per graded call
     cell_timeout_s: float = 60.0  # wall clock per notebook cell
-    start_timeout_s: float = 60.0  # wall clock to start the child
-    drop_privileges: bool = True  # when the grader runs as root, run the child as nobody
-    notebook_budget_s: float = 300.0  # wall clock for running the notebook, restarts included
+    start_timeout_s: float = 60.0  # wall clock to start the child (torch included)
+    notebook_budget_s: float = 300.0  # wall clock for running the cells, restarts included
 
 
 @dataclass
 class CallOutcome:
-    """What one call came back as.
-
-    ``status``: ok, not_implemented, grading_error, exception, timeout, died, bad_reply.
-    """
+    """One call: ``status`` is ok, not_implemented, grading_error, exception, forbidden,
+    timeout, died, bad_reply or not_started."""
 
     status: str
     result: object = None
     message: str = ""
     where: str = ""
     hits: list = field(default_factory=list)
-    tampered: bool = False
-    output_dropped: int = 0
-    after: list = field(default_factory=list)  # [(label, key, array)]: inputs after the call
-    kinds: list = field(default_factory=list)  # an exception's class name and its bases' names
+    after: list = field(default_factory=list)  # [(label, key, array)]: the inputs after the call
+    kinds: list = field(default_factory=list)  # an exception's class name and its bases'
 
 
-NOBODY = 65534
-# The child runs in isolated mode (-I: no user site, no PYTHON* variables, no current
-# directory on sys.path) and imports the same mhalib as the grader, from where it lives.
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1]; "
-         "from mhalib.grade._worker import main; main(sys.argv)")
-_DROP_WORKS = None  # learnt once per grader process: can the child run as nobody here?
+@dataclass(frozen=True)
+class Isolation:
+    """``kind``: ``"bubblewrap"``, ``"unprivileged user"``, ``"none"``, or empty when grading
+    is refused (``problem`` says why)."""
+
+    kind: str
+    problem: str = ""
+    tmp_size: bool = True  # bubblewrap caps the size of /tmp (0.8 and later)
+
+    @property
+    def ok(self):
+        return bool(self.kind)
+
+    def describe(self, uid=None):
+        if self.kind == "bubblewrap":
+            size = f"of {Limits.file_mb} MiB" if self.tmp_size else "(bubblewrap < 0.8: not size-capped)"
+            return (f"bubblewrap sandbox (uid {uid}; own PID, network and IPC namespaces; system read-only; "
+                    f"no course files; private /tmp {size})")
+        if self.kind == "unprivileged user":
+            return f"user nobody (uid {NOBODY}) in a private folder, one submission per container; no bubblewrap"
+        if self.kind == "none":
+            return f"none: the submission ran as {pwd.getpwuid(os.getuid()).pw_name}, unprotected (--no-isolation)"
+        return f"none available: {self.problem}"
+
+    def uid(self, slot):
+        if self.kind == "bubblewrap":
+            return UID_BASE + 100 * (os.getpid() % 10**6) + slot % 100 if os.geteuid() == 0 else NOBODY
+        return NOBODY if self.kind == "unprivileged user" else None
+
+    def command(self, config, limits, slot, workdir):
+        """``(argv, Popen keyword arguments)`` of a child; completes ``config``."""
+        exe = os.path.join(sys.base_prefix, "bin", "python%d.%d" % sys.version_info[:2])
+        exe, prefix = exe if os.path.exists(exe) else os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix)
+        sites = list(dict.fromkeys(os.path.realpath(p) for p in sys.path if os.path.isdir(p)
+                                   and os.path.basename(p) in ("site-packages", "dist-packages")))
+        uid, root = self.uid(slot), os.geteuid() == 0
+        env = {"HOME": workdir, "TMPDIR": workdir, "MPLCONFIGDIR": workdir, "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin",
+               "USER": "student", "LOGNAME": "student", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
+               "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "TQDM_DISABLE": "1"}
+        config.update(limits={"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb,
+                              "nproc": limits.nproc if self.kind != "none" else 0},
+                      hidden=[COURSE_DIR], path=sites, uid=uid, gid=uid)
+        python = [exe, "-I", "-S", "-c", WORKER_SOURCE]
+        if self.kind != "bubblewrap":
+            extra = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+            return python + [json.dumps(config)], dict(env=env, cwd=workdir, **extra)
+        config.update(path=[f"/site/{i}" for i in range(len(sites))], uid=uid if root else None)
+        argv = [shutil.which("bwrap") or "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
+        argv += (["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if root  # drops itself
+                 else ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)])
+        argv += ["--ro-bind", "/usr", "/usr"]
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            argv += (["--symlink", os.readlink(top), top] if os.path.islink(top) else
+                     ["--ro-bind", top, top] if os.path.isdir(top) else [])
+        argv += [x for p in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d") if os.path.exists(p)
+                 for x in ("--ro-bind", p, p)]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
+        argv += (["--size", str(limits.file_mb << 20)] if self.tmp_size else []) + ["--tmpfs", "/tmp"]
+        if not prefix.startswith("/usr/"):
+            parts = prefix.strip("/").split("/")
+            argv += [x for i in range(1, len(parts)) for x in ("--perms", "0755", "--dir", "/" + "/".join(parts[:i]))]
+            argv += ["--ro-bind", prefix, prefix]
+        if not exe.startswith((prefix + "/", "/usr/")):
+            argv += ["--ro-bind", exe, exe]
+        argv += ["--perms", "0755", "--dir", "/site"]
+        for i, site in enumerate(sites):
+            argv += ["--ro-bind", site, f"/site/{i}"]
+            if os.path.isdir(os.path.join(site, "mhalib")):  # an installed course package: hidden
+                argv += ["--tmpfs", f"/site/{i}/mhalib"]
+        for key, value in dict(env, HOME="/tmp", TMPDIR="/tmp", MPLCONFIGDIR="/tmp").items():
+            argv += ["--setenv", key, value]
+        return argv + ["--chdir", "/tmp", "--"] + python + [json.dumps(config)], dict(cwd="/")
+
+
+@functools.lru_cache(maxsize=None)
+def decide(unisolated=False, container=False):
+    """The isolation of this grader process, decided once. ``unisolated``: the explicit
+    opt-out; ``container``: a one-submission container (Gradescope's), where user ``nobody``
+    is an option: every process of ``nobody`` is killed after the submission."""
+    def _probe(isolation):  # "" when a child starts as it should, else what went wrong
+        box = Sandbox(isolation, [])
+        try:
+            return box.spawn()
+        finally:
+            box.close()
+    if unisolated:
+        return Isolation("none")
+    problems = []
+    if shutil.which("bwrap"):
+        problem = _probe(Isolation("bubblewrap"))
+        if "--size" in problem and not _probe(Isolation("bubblewrap", tmp_size=False)):
+            return Isolation("bubblewrap", tmp_size=False)  # bubblewrap before 0.8
+        if not problem:
+            return Isolation("bubblewrap")
+        problems.append(f"bubblewrap does not run here ({problem})")
+    else:
+        problems.append("bubblewrap is not installed (Debian and Ubuntu: apt-get install bubblewrap)")
+    if os.geteuid() != 0:
+        problems.append("without bubblewrap an ordinary user cannot run submissions as another user")
+    elif not container:
+        problems.append("without bubblewrap, only a one-submission container (Gradescope) may run code as nobody")
+    else:
+        problem = _probe(Isolation("unprivileged user"))
+        if not problem:
+            return Isolation("unprivileged user")
+        problems.append(f"user nobody cannot be used ({problem})")
+    return Isolation("", problem="; ".join(problems))
+
+
+def kill_all_of(uid):
+    """Every process of ``uid``: a helper running as that user signals them all."""
+    try:
+        subprocess.run([sys.executable, "-I", "-S", "-c", "import os\nfor _ in range(3):\n try:\n  os.kill(-1, 9)\n"
+                        " except OSError:\n  break"], user=uid, group=uid, extra_groups=[], timeout=10, cwd="/",
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        pass
 
 
 class Sandbox:
-    """One child process running one submission's cells.
+    """One submission's child: ``cells`` are ``[(index, source)]``, ``preload`` the modules
+    imported first (``("torch",)``), ``forbidden`` each graded function's forbidden rules,
+    ``slot`` the grading job (its own uid under bubblewrap as root)."""
 
-    Args:
-        cells: list of ``(index, source)`` code cells to run, in order.
-        preload: modules the child imports before the learner's code (``["torch"]``).
-        limits: :class:`Limits`.
-    """
+    MAX_STARTS = 12
 
-    def __init__(self, cells, *, preload=(), limits=None):
-        self.cells = list(cells)
-        self.preload = list(preload)
-        self.limits = limits or Limits()
-        self.proc = None
-        self.tmp = None
-        self.skip = set()  # cells that hung or killed the process: never run again
-        self.cell_errors = {}  # index -> [messages]
-        self.notes = []
-        self.restarts = 0
-        self.dropped_privileges = False
-        self._budget_end = None
+    def __init__(self, isolation, cells, *, preload=(), forbidden=(), limits=None, slot=0):
+        self.isolation, self.cells, self.limits, self.slot = isolation, list(cells), limits or Limits(), slot
+        self.config = {"preload": list(preload), "forbidden": [list(f) for f in forbidden]}
+        self.proc = self.workdir = self.uid = self._budget_end = None
+        self.skip, self.cell_errors, self.notes = set(), {}, []
+        self.starts, self.printed, self.failure = 0, 0, ""
 
-    # -- life cycle -------------------------------------------------------------
-    def _env(self, home):
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": home,
-            "TMPDIR": home,
-            "LANG": "C.UTF-8",
-            "MPLBACKEND": "Agg",
-            "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONHASHSEED": "0",
-            "TQDM_DISABLE": "1",
-            "MHALIB_GRADE_MEMORY_MB": str(self.limits.memory_mb),
-            "MHALIB_GRADE_CPU_S": str(self.limits.cpu_s),
-            "MHALIB_GRADE_FILE_MB": str(self.limits.file_mb),
-        }
-        return env
-
-    def _spawn(self, drop):
-        self.tmp = tempfile.mkdtemp(prefix="mhalib-grade-")
-        work = os.path.join(self.tmp, "work")
-        os.mkdir(work)
-        log = os.path.join(work, ".output.log")
-        extra = {}
-        if drop:
-            for path in (self.tmp, work):
-                os.chown(path, NOBODY, NOBODY)
-            extra = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", _BOOT, _PACKAGE_PARENT, log],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            cwd=work,
-            env=self._env(work),
-            start_new_session=True,  # its own process group: killed as a whole
-            close_fds=True,
-            **extra,
-        )
-        return self._request({"op": "init", "preload": self.preload}, (), self.limits.start_timeout_s)
+    def spawn(self):
+        """Start the child: ``""`` when it is ready as it should be, else the reason (killed)."""
+        self.kill()
+        self.starts += 1
+        self.workdir = self.workdir or tempfile.mkdtemp(prefix="mhalib-grade-")
+        uid = self.isolation.uid(self.slot)
+        if self.isolation.kind == "unprivileged user":
+            os.chown(self.workdir, uid, uid)
+        argv, extra = self.isolation.command(dict(self.config), self.limits, self.slot, self.workdir)
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         start_new_session=True, **extra)
+            os.set_blocking(self.proc.stdin.fileno(), False)
+            head, _ = worker.recv(self.proc.stdout.fileno(), time.monotonic() + self.limits.start_timeout_s)
+        except (OSError, subprocess.SubprocessError, worker.ProtocolError) as exc:
+            said, proc = "", self.proc
+            if proc is not None:
+                try:
+                    proc.kill()
+                    said = proc.communicate(timeout=5)[1].decode(errors="replace").strip()
+                except (OSError, ValueError, subprocess.SubprocessError):
+                    pass
+            self.failure = ("the child could not drop its privileges" if proc and proc.returncode == worker.DENIED_EXIT
+                            else f"the child did not start within {self.limits.start_timeout_s:g} s"
+                            if isinstance(exc, worker.Timeout) else
+                            (said.splitlines()[-1] if said else f"{type(exc).__name__}: {exc}")[:300])
+        else:
+            expected = uid if uid is not None else os.getuid()
+            self.failure = ("" if head.get("op") == "ready" and head.get("uid") == head.get("euid") == expected else
+                            f"the child started as uid {head.get('uid')!r}, not {expected}")
+            if not self.failure and head.get("sees"):
+                self.failure = f"the child can read {', '.join(map(str, head['sees']))}"
+            self.uid = expected
+        if self.failure:
+            self.kill()
+        return self.failure
 
     def start(self):
-        """Start the child and run the cells; returns self."""
-        global _DROP_WORKS
-        self.close()
-        drop = (self.limits.drop_privileges and hasattr(os, "geteuid") and os.geteuid() == 0
-                and _DROP_WORKS is not False)
-        try:
-            reply = self._spawn(drop)
-        except OSError:
-            reply = "died"
-        if drop and not isinstance(reply, tuple):
-            # the interpreter or the course is not readable by nobody here: run as this user
-            _DROP_WORKS = False
-            self.close()
-            drop = False
-            reply = self._spawn(False)
-        elif drop:
-            _DROP_WORKS = True
-        self.dropped_privileges = drop
-        if not isinstance(reply, tuple):
-            self.notes.append(f"the grading process could not start ({self._last_failure})")
-            return self
-        if self._budget_end is None:
-            self._budget_end = time.monotonic() + self.limits.notebook_budget_s
-        for index, source in self.cells:
-            if index in self.skip:
-                continue
-            if time.monotonic() > self._budget_end:
-                self.skip.add(index)
-                self.notes.append(f"cell {index} was not run: the notebook used up its "
-                                  f"{self.limits.notebook_budget_s:g} s")
-                continue
-            reply = self._request({"op": "exec", "source": source, "index": index}, (),
-                                  self.limits.cell_timeout_s)
-            if isinstance(reply, tuple):
-                header, _ = reply
-                if header.get("errors"):
-                    self.cell_errors[index] = header["errors"]
-                continue
-            # the cell hung or killed the process: skip it from now on, restart, go on
-            self.skip.add(index)
-            self.notes.append(f"cell {index} {self._last_failure}; it was skipped")
-            return self.start()
+        """(Re)start the child and run the cells; a cell that hangs or kills it is skipped."""
+        while self.starts < self.MAX_STARTS:
+            problem = self.spawn()
+            if problem:  # not the submission's doing (no learner code ran): never tried again
+                self.notes.append(f"the grading process could not start: {problem}")
+                self.starts, self.failure = self.MAX_STARTS, f"the grading process could not start ({problem})"
+                return self
+            self._budget_end = self._budget_end or time.monotonic() + self.limits.notebook_budget_s
+            for index, source in self.cells:
+                if index in self.skip:
+                    continue
+                if time.monotonic() > self._budget_end:
+                    self.skip.add(index)
+                    self.notes.append(f"cell {index} was not run: the notebook used up its "
+                                      f"{self.limits.notebook_budget_s:g} s")
+                    continue
+                reply = self._request({"op": "exec", "source": source, "index": index}, (), self.limits.cell_timeout_s)
+                if reply is None:  # it hung or killed the process: skipped from now on
+                    self.skip.add(index)
+                    self.notes.append(f"cell {index} {self.failure}; it was skipped")
+                    break
+                if reply[0].get("error"):
+                    self.cell_errors[index] = str(reply[0]["error"])
+            else:
+                return self
+        self.failure = f"the grading process was restarted {self.MAX_STARTS} times"
         return self
 
     @property
@@ -181,127 +280,90 @@ class Sandbox:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self):
-        if self.proc is None:
+        proc, self.proc = self.proc, None
+        if proc is None:
             return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                self.proc.kill()
-            except ProcessLookupError:
-                pass
         try:
-            self.proc.wait(timeout=10)
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: bubblewrap, or the child and its group
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
-        self.proc = None
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            stream.close()
+        if self.isolation.kind == "unprivileged user":
+            kill_all_of(NOBODY)
 
     def close(self):
-        if self.proc is not None and self.proc.poll() is None:
+        if self.alive:
             try:
-                protocol.send(self.proc.stdin.fileno(), {"op": "exit"})
-            except OSError:
+                worker.send(self.proc.stdin.fileno(), {"op": "exit"}, deadline=time.monotonic() + 1)
+            except (OSError, worker.ProtocolError):
                 pass
         self.kill()
-        if self.tmp:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp = None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    # -- requests ---------------------------------------------------------------
-    _last_failure = ""
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
 
     def _request(self, header, arrays, timeout):
-        """Send one request; returns ``(header, arrays)`` or a failure string (and kills)."""
+        """One request and its reply ``(header, arrays)``, or ``None`` with ``self.failure``
+        saying what went wrong (the child is then killed)."""
         if not self.alive:
-            self._last_failure = "could not run: the grading process had stopped"
-            return "died"
+            self.failure = "could not run: the grading process had stopped"
+            return None
+        deadline = time.monotonic() + timeout
         try:
-            protocol.send(self.proc.stdin.fileno(), header, arrays)
-            return protocol.recv(self.proc.stdout.fileno(), timeout)
-        except protocol.ChildTimeout:
-            self._last_failure = f"did not finish within {timeout:g} s"
-            self.kill()
-            return "timeout"
-        except (protocol.ChildDied, BrokenPipeError):
-            code = self.proc.wait(timeout=10) if self.proc else None
-            self._last_failure = self._death_message(code)
-            self.kill()
-            return "died"
-        except (protocol.ProtocolError, OSError) as exc:
-            self._last_failure = f"sent back something the grader cannot read ({exc})"
-            self.kill()
-            return "bad_reply"
-
-    def _death_message(self, code):
-        if code is None:
-            return "stopped the process"
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            if name == "SIGXCPU":
-                return f"used up the CPU time limit ({self.limits.cpu_s} s)"
-            if name == "SIGKILL":
-                return "was killed (out of memory or a limit)"
-            return f"crashed the process ({name})"
-        return f"ended the process (exit code {code}, e.g. os._exit)"
-
-    def call(self, adapter, name, args, kwargs, params, forbidden, encode):
-        """Run one case in the child; returns a :class:`CallOutcome`.
-
-        ``encode`` turns the plain arguments into protocol trees and arrays.
-        """
-        if not self.alive:
-            self.restarts += 1
-            self.start()
-        arrays = []
-        header = {
-            "op": "call", "adapter": adapter, "name": name,
-            "args": [encode(a, arrays) for a in args],
-            "kwargs": {k: encode(v, arrays) for k, v in kwargs.items()},
-            "params": params, "forbidden": list(forbidden),
-        }
-        reply = self._request(header, arrays, self.limits.call_timeout_s)
-        if not isinstance(reply, tuple):
-            return CallOutcome(status=reply, message=f"{name} {self._last_failure}")
-        head, out_arrays = reply
-        status = head.get("status")
-        dropped = int(head.get("stdout_dropped", 0) or 0) + int(head.get("stderr_dropped", 0) or 0)
-        if status == "ok":
-            try:
-                result = protocol.decode_value(head.get("result"), out_arrays)
-            except protocol.ProtocolError as exc:
-                self.kill()
-                return CallOutcome(status="bad_reply", message=f"{name} returned something unreadable ({exc})")
-            hits = [str(h)[:200] for h in head.get("hits", [])][:10] if isinstance(head.get("hits"), list) else []
-            after = []
-            try:
-                for label, key, tree in head.get("after", [])[:16]:
-                    if isinstance(key, (int, str)) and not isinstance(key, bool):
-                        after.append((str(label)[:100], key, protocol.decode_value(tree, out_arrays)))
-            except (TypeError, ValueError, protocol.ProtocolError):
-                after = [("an input", 0, None)]  # unreadable: counts as changed
-            return CallOutcome(status="ok", result=result, hits=hits, tampered=bool(head.get("tampered")),
-                               output_dropped=dropped, after=after)
-        if status in ("grading_error", "not_implemented", "exception"):
-            kinds = head.get("kinds") if isinstance(head.get("kinds"), list) else []
-            return CallOutcome(status=status, message=str(head.get("message", ""))[:1000],
-                               where=str(head.get("where", ""))[:200], output_dropped=dropped,
-                               kinds=[str(k)[:100] for k in kinds[:12]])
+            worker.send(self.proc.stdin.fileno(), header, arrays, deadline=deadline)
+            reply = worker.recv(self.proc.stdout.fileno(), deadline)
+            self.printed += max(0, int(reply[0].get("printed", 0) or 0))
+            return reply
+        except worker.Timeout:
+            self.failure = f"did not finish within {timeout:g} s"
+        except worker.Closed:
+            self.failure = self._death()
+        except (worker.ProtocolError, OSError, ValueError, TypeError) as exc:
+            self.failure = f"sent back something the grader cannot read ({str(exc)[:100]})"
         self.kill()
-        return CallOutcome(status="bad_reply", message=f"{name}: the grading process sent an unexpected reply")
+        return None
+
+    def _death(self):
+        try:
+            code = self.proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            return "closed its connection to the grader"
+        code = 128 - code if self.isolation.kind == "bubblewrap" and code > 128 else code  # signal N: 128 + N
+        if code in (-signal.SIGXCPU, -signal.SIGKILL):
+            return (f"used up the CPU time limit ({self.limits.cpu_s} s)" if code == -signal.SIGXCPU
+                    else "was killed (out of memory, or a limit)")
+        return f"crashed the process (signal {-code})" if code < 0 else \
+            f"ended the process (exit code {code}, e.g. os._exit)"
+
+    def call(self, adapter, name, args, kwargs, params, forbidden, encode=worker.encode_value):
+        """Run one case in the child; returns a :class:`CallOutcome` (never raises)."""
+        if not self.alive and self.starts < self.MAX_STARTS:
+            self.start()
+        if not self.alive:
+            return CallOutcome("not_started", message=f"{name} could not run: {self.failure}")
+        arrays = []
+        header = {"op": "call", "adapter": adapter, "name": name, "params": params, "forbidden": list(forbidden),
+                  "args": [encode(a, arrays) for a in args], "kwargs": {k: encode(v, arrays) for k, v in kwargs.items()}}
+        reply = self._request(header, arrays, self.limits.call_timeout_s)
+        if reply is None:
+            return CallOutcome("timeout" if self.failure.startswith("did not finish") else "died",
+                               message=f"{name} {self.failure}")
+        head, out = reply
+        try:
+            if head.get("status") == "ok":
+                after = [(str(label), key, worker.decode_value(tree, out))
+                         for label, key, tree in head.get("after", [])[:16] if type(key) in (int, str)]
+                return CallOutcome("ok", result=worker.decode_value(head.get("result"), out), after=after)
+            if head.get("status") in ("grading_error", "not_implemented", "exception", "forbidden"):
+                return CallOutcome(head["status"], message=str(head.get("message", "")),
+                                   where=str(head.get("where", "")), hits=[str(h) for h in head.get("hits", [])][:10],
+                                   kinds=[str(k) for k in head.get("kinds", [])][:12])
+        except (worker.ProtocolError, TypeError, ValueError, AttributeError):
+            pass
+        self.kill()
+        return CallOutcome("bad_reply", message=f"{name}: the grading process sent back something unreadable")

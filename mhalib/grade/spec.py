@@ -7,8 +7,9 @@ An exercise module (``mhalib/grade/exercises/exNN_*.py``) defines one
   computed here, in the grader's process, from ``mhalib``;
 * ``judge(case, got)``: ``None`` when ``got`` is right, else a message saying what
   is wrong (shape, dtype, NaN, the common mistake it matches, ...);
-* ``forbidden``: callables the learner's function may not use (see
-  :class:`mhalib.grade.calling.Tripwire`);
+* ``forbidden``: callables the learner's function may not use: dotted names, a
+  trailing ``.*`` for a whole module. ``mhalib`` is never available to graded code;
+  the torch names are replaced by stand-ins that raise (:mod:`mhalib.grade.worker`);
 * ``explain_error(case, error, call)`` (optional): when the learner's function
   raises, the mistake behind the exception, or ``None``. ``error`` is the text
   ``"ValueError: ..."``; ``call(args, kwargs)`` calls the learner's function once more,
@@ -31,7 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mhalib.grade.protocol import Unsupported
+from mhalib.grade.worker import Unsupported
 
 __all__ = [
     "Case", "Graded", "Exercise", "VISIBLE_SEED",

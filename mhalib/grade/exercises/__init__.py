@@ -18,27 +18,17 @@ __all__ = ["all_exercises", "get", "recognise", "find_graded"]
 @lru_cache(maxsize=None)
 def all_exercises():
     """``{key: Exercise}`` for every ``exNN_*`` module of this package, sorted by key."""
-    found = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if not re.match(r"ex\d\d_", info.name):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        exercise = module.EXERCISE
-        found[exercise.key] = exercise
-    return dict(sorted(found.items()))
+    modules = sorted(m.name for m in pkgutil.iter_modules(__path__) if re.match(r"ex\d\d_", m.name))
+    found = [importlib.import_module(f"{__name__}.{name}").EXERCISE for name in modules]
+    return dict(sorted((ex.key, ex) for ex in found))
 
 
 def get(key):
     """The exercise for ``key`` (``"01_single_head_attention"``, ``"01"`` or ``"1"``), or None."""
-    exercises = all_exercises()
-    if key in exercises:
-        return exercises[key]
-    key = str(key)
-    if key.isdigit():
-        for k, ex in exercises.items():
-            if int(k[:2]) == int(key):
-                return ex
-    return None
+    exercises, key = all_exercises(), str(key)
+    if key in exercises or not key.isdigit():
+        return exercises.get(key)
+    return next((ex for k, ex in exercises.items() if int(k[:2]) == int(key)), None)
 
 
 def recognise(metadata, filename):
@@ -47,15 +37,10 @@ def recognise(metadata, filename):
     Returns ``(exercise or None, how)`` where ``how`` says what it was recognised by.
     """
     exercises = all_exercises()
-    key = None
-    if isinstance(metadata, dict):
-        mh = metadata.get("mhalib")
-        if isinstance(mh, dict) and isinstance(mh.get("exercise"), str):
-            key = mh["exercise"]
-    if key is not None:
-        ex = get(key)
-        if ex is not None:
-            return ex, f"notebook metadata ({key})"
+    mh = metadata.get("mhalib") if isinstance(metadata, dict) else None
+    key = mh.get("exercise") if isinstance(mh, dict) else None
+    if isinstance(key, str) and get(key) is not None:
+        return get(key), f"notebook metadata ({key})"
     stem = Path(str(filename)).stem.lower()
     for k, ex in exercises.items():
         if k in stem:

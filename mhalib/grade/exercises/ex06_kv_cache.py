@@ -45,8 +45,6 @@ def _bytes_args(case):
 
 
 def judge_bytes(case, got):
-    if isinstance(got, np.ndarray) and got.shape == () and got.dtype.kind in "iu":
-        got = int(got)
     if isinstance(got, float) and got == case.expected:
         return "return an int (a number of bytes), not a float: use // or int(...)"
     if type(got) is not int:

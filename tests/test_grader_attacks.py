@@ -1,0 +1,322 @@
+"""One attack per root cause the grader's review found, each a fixture notebook in
+tests/fixtures/grader/attack_N_*.ipynb, graded under the same sandbox as a class run.
+
+1 silent privilege fallback      2 forbidden calls checked inside the student's process
+3 no isolation between submissions   4 hangs   5 the results file   6 the student chooses
+the exercise   7 honest answers marked wrong   8 internal errors from the child   9 report flood
+
+Placeholders in a fixture (``@NAME@``) are filled in here with paths of this run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mhalib.grade import worker
+from mhalib.grade.grader import grade_notebook
+from mhalib.grade.sandbox import Limits, decide
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "grader"
+SOLUTION_01 = ROOT / "solutions" / "01_single_head_attention.ipynb"
+FAST = Limits(call_timeout_s=6, cell_timeout_s=15)
+MASK, SDPA = "causal_mask", "scaled_dot_product_attention"
+
+
+def fixture(tmp_path, name, target=None, **fill):
+    """The fixture ``name`` with its placeholders filled in, written to ``target``."""
+    text = (FIXTURES / f"{name}.ipynb").read_text(encoding="utf-8")
+    for key, value in fill.items():
+        text = text.replace(f"@{key}@", json.dumps(str(value))[1:-1])
+    path = Path(target or tmp_path / f"{name}.ipynb")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def by_name(result):
+    return {c.name: c for c in result.checks}
+
+
+def grade_cli(*args, cwd, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "mhalib.grade", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def processes_with(marker):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def test_every_root_cause_has_its_attack_fixture():
+    fixtures = sorted(p.stem for p in FIXTURES.glob("attack_*.ipynb"))
+    assert [int(name.split("_")[1]) for name in fixtures] == list(range(1, 10))
+    source = Path(__file__).read_text(encoding="utf-8")
+    assert all(name in source for name in fixtures)
+
+
+def test_ci_grades_under_bubblewrap():
+    """CI runs these attacks in the sandbox a class run uses (.ci/run installs bubblewrap)."""
+    isolation = decide()
+    if not os.environ.get("CI") and not isolation.ok:
+        pytest.skip(f"no sandbox here: {isolation.problem}")
+    assert isolation.kind == "bubblewrap", isolation.problem
+
+
+# ----------------------------------------------------------------------------- 1
+def test_1_student_code_never_runs_with_the_graders_rights(tmp_path):
+    """A helper kills the child (and would kill its next start); the next start is as
+    isolated as the first, and nothing the code writes lands in the course, the
+    environment or the results."""
+    site = Path(np.__file__).resolve().parents[1]
+    planted = [ROOT / "mhalib" / "grade" / f"zz_{uuid.uuid4().hex}.py", site / f"zz_{uuid.uuid4().hex}.pth",
+               tmp_path / "results.json"]
+    nb = fixture(tmp_path, "attack_1_privileges", COURSE_FILE=planted[0], PTH_FILE=planted[1],
+                 RESULTS_FILE=planted[2])
+    result = grade_notebook(nb, limits=FAST, seed=1)
+    assert [p for p in planted if p.exists()] == []
+    checks = by_name(result)
+    assert checks[MASK].score == checks[MASK].max_score, result.text()  # not root, nothing planted
+    assert checks[SDPA].score == checks[SDPA].max_score, result.text()
+    assert "cell 1 " in result.text() and "it was skipped" in result.text()
+    assert result.isolation.startswith("bubblewrap") and "uid 0;" not in result.isolation
+
+
+def test_1_no_sandbox_means_no_grade(tmp_path):
+    """Without bubblewrap nothing is graded from the command line, not even one submission:
+    never as the grader's user."""
+    marker = tmp_path / "ran.txt"
+    nb = fixture(tmp_path, "attack_1_privileges", COURSE_FILE=marker, PTH_FILE=marker, RESULTS_FILE=marker)
+    honest = tmp_path / "01_honest.ipynb"
+    honest.write_bytes(SOLUTION_01.read_bytes())
+    env = dict(os.environ, PATH="/nonexistent")  # no bwrap to be found
+    proc = grade_cli(nb, honest, "--jobs", "2", cwd=ROOT, env=env)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "grading refused: bubblewrap is not installed" in proc.stderr
+    assert proc.stdout.count("NOT GRADED") == 2 and "TOTAL" not in proc.stdout
+    proc = grade_cli(nb, cwd=ROOT, env=env)
+    assert proc.returncode == 3 and "NOT GRADED" in proc.stdout and "--no-isolation" in proc.stderr
+    assert not marker.exists()
+
+
+# ----------------------------------------------------------------------------- 2
+def test_2_forbidden_calls_cannot_be_switched_off(tmp_path):
+    """The library from a thread started earlier with the profiler saved and restored and
+    getprofile faked; torch's attention with the profiler off: neither can be called."""
+    result = grade_notebook(FIXTURES / "attack_2_forbidden_calls.ipynb", seed=2)
+    checks = by_name(result)
+    assert checks[MASK].score == 0 and "calls mhalib.np_attention.causal_mask" in checks[MASK].output
+    assert checks[SDPA].score == 0
+    assert "calls torch.nn.functional.scaled_dot_product_attention" in checks[SDPA].output
+
+
+def test_2_the_child_has_no_course_package(tmp_path):
+    """With the stand-ins taken away, ``import mhalib`` finds nothing: it is not there."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["mhalib"] = {"exercise": "01_single_head_attention"}
+    nb.cells = [nbformat.v4.new_code_cell(
+        "def causal_mask(n):\n"
+        "    import sys\n"
+        "    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != '_Guard']\n"
+        "    for name in [m for m in sys.modules if m.startswith('mhalib')]:\n"
+        "        del sys.modules[name]\n"
+        "    try:\n"
+        "        import mhalib\n"
+        "        found = mhalib.__file__\n"
+        "    except ImportError:\n"
+        "        found = None\n"
+        "    raise RuntimeError(f'found={found} path={sys.path}')\n")]
+    nbformat.write(nb, tmp_path / "probe.ipynb")
+    output = by_name(grade_notebook(tmp_path / "probe.ipynb", limits=FAST, seed=3))[MASK].output
+    assert "found=None" in output and str(ROOT) not in output, output
+
+
+# ----------------------------------------------------------------------------- 3
+def test_3_a_class_run_keeps_submissions_apart(tmp_path):
+    """Graded beside honest classmates (--jobs 2): it finds no classmate to copy, kills
+    nobody, and leaves no process and no file behind."""
+    marker = f"attack3-{uuid.uuid4().hex}"
+    klass = tmp_path / "class"
+    attacker = fixture(tmp_path, "attack_3_classmates", klass / "01_mallory.ipynb", MARKER=marker)
+    honest = [klass / f"01_student{i}.ipynb" for i in range(3)]
+    for path in honest:
+        path.write_bytes(SOLUTION_01.read_bytes())
+    results = tmp_path / "results.json"
+    proc = grade_cli(honest[0], attacker, *honest[1:], "--jobs", "2", "--results", results, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = {Path(s["submission"]).name: s for s in json.loads(results.read_text())["submissions"]}
+    for path in honest:
+        assert data[path.name]["score"] == 8, proc.stdout
+    mallory = {t["name"]: t for t in data["01_mallory.ipynb"]["tests"]}
+    assert mallory[MASK]["score"] == 0 and "no function named causal_mask" in mallory[MASK]["output"]
+    time.sleep(0.5)
+    assert processes_with(marker) == []
+    for folder in ("/tmp", tmp_path, Path.home(), "/dev/shm", ROOT):
+        assert not (Path(folder) / f"{marker}.bin").exists(), folder
+
+
+# ----------------------------------------------------------------------------- 4
+def test_4_a_stopped_child_cannot_block_the_class(tmp_path):
+    """The child stops itself after a reply and the next cell is over 64 KiB: every read
+    and write has a deadline, so the run ends, and the classmates are graded."""
+    klass = tmp_path / "class"
+    attacker = fixture(tmp_path, "attack_4_hang", klass / "01_stopper.ipynb")
+    honest = klass / "01_honest.ipynb"
+    honest.write_bytes(SOLUTION_01.read_bytes())
+    start = time.monotonic()
+    proc = grade_cli(attacker, honest, "--jobs", "2", "--timeout", "3", "--cell-timeout", "4",
+                     "--results", tmp_path / "r.json", cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - start < 120
+    data = {Path(s["submission"]).name: s for s in json.loads((tmp_path / "r.json").read_text())["submissions"]}
+    assert data["01_honest.ipynb"]["score"] == 8
+    stopper = data["01_stopper.ipynb"]
+    assert len(stopper["tests"]) == 3 and all(t["output"] for t in stopper["tests"])
+    assert "did not finish within" in proc.stdout
+
+
+# ----------------------------------------------------------------------------- 5
+def test_5_results_cannot_be_redirected_or_blocked(tmp_path):
+    """results.json is a link to another file and class.csv a FIFO: the grader's files
+    replace them; the linked file is untouched; the run does not hang."""
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the grader's\n")
+    results, table = out / "results.json", out / "class.csv"
+    results.symlink_to(victim)
+    os.mkfifo(table)
+    nb = fixture(tmp_path, "attack_5_results_file", RESULTS_FILE=results, CSV_FILE=table)
+    proc = grade_cli(nb, "--results", results, "--csv", table, "--seed", "5", cwd=out, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert victim.read_text() == "not the grader's\n"
+    assert results.is_file() and not results.is_symlink() and table.is_file()
+    data = json.loads(results.read_text())
+    assert data["score"] == 2.75 and len(data["tests"]) == 3
+    rows = table.read_text().splitlines()
+    assert rows[0].startswith("submission,exercise,score") and len(rows) == 2 and ",2.75," in rows[1]
+    assert sorted(p.name for p in out.iterdir()) == ["class.csv", "results.json"]  # no temporary file left
+
+
+# ----------------------------------------------------------------------------- 6
+@pytest.fixture(scope="module")
+def autograder_07(tmp_path_factory):
+    """The zip `make autograder EXERCISE=07` builds, unpacked as Gradescope unpacks it."""
+    folder = tmp_path_factory.mktemp("autograder")
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "build_autograder.py"), "--exercise", "07",
+                           "--out", str(folder / "autograder.zip")], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    with zipfile.ZipFile(folder / "autograder.zip") as zf:
+        zf.extractall(folder / "source")
+    return folder / "source"
+
+
+def gradescope(source, submission, results):
+    return subprocess.run([sys.executable, "-m", "mhalib.grade.gradescope", "07", str(submission), str(results)],
+                          cwd=source, capture_output=True, text=True, timeout=300)
+
+
+def test_6_the_assignment_chooses_the_exercise(tmp_path, autograder_07):
+    """An exercise-01 notebook uploaded to exercise 07's assignment is graded as 07."""
+    submission = tmp_path / "submission"
+    fixture(tmp_path, "attack_6_other_exercise", submission / "attack_6_other_exercise.ipynb")
+    proc = gradescope(autograder_07, submission, tmp_path / "results.json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["extra_data"]["exercise"] == "07_mqa_gqa" and data["score"] == 0
+    assert {t["name"] for t in data["tests"]} == {"grouped_query_attention", "multi_query_attention"}
+
+
+def test_6_with_several_notebooks_the_one_meant_is_graded(tmp_path, autograder_07):
+    submission = tmp_path / "submission"
+    submission.mkdir()
+    solution = ROOT / "solutions" / "07_mqa_gqa.ipynb"
+    (submission / "07_mqa_gqa.ipynb").write_bytes(solution.read_bytes())
+    (submission / "07_mqa_gqa-Copy1.ipynb").write_bytes((ROOT / "exercises" / "07_mqa_gqa.ipynb").read_bytes())
+    (submission / ".ipynb_checkpoints").mkdir()
+    (submission / ".ipynb_checkpoints" / "07_mqa_gqa-checkpoint.ipynb").write_text("{}")
+    proc = gradescope(autograder_07, submission, tmp_path / "results.json")
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["score"] == 8, proc.stdout
+    assert "Graded 07_mqa_gqa.ipynb of the 2 notebooks uploaded" in data["output"]
+
+
+# ----------------------------------------------------------------------------- 7
+def test_7_honest_numbers_and_large_cells_get_full_marks(tmp_path):
+    """kv_cache_bytes returning numpy.int64, and a cell of over 1 MiB."""
+    table = ", ".join(str(2 ** (i % 40)) for i in range(150_000))
+    nb = fixture(tmp_path, "attack_7_honest_numbers", BIG_TABLE=table)
+    assert len(table) > 1 << 20
+    result = grade_notebook(nb, limits=FAST, seed=7)
+    assert result.score == result.max_score == 7, result.text()
+
+
+@pytest.mark.parametrize("value, plain", [(np.int64(5), 5), (np.array(7), 7), (np.float32(0.5), 0.5),
+                                          (np.array(2.5), 2.5), (np.bool_(True), True)])
+def test_7_numpy_scalars_travel_as_numbers(value, plain):
+    arrays = []
+    decoded = worker.decode_value(worker.encode_value(value, arrays), arrays)
+    assert decoded == plain and type(decoded) is type(plain) and arrays == []
+
+
+# ----------------------------------------------------------------------------- 8
+def test_8_a_sabotaged_pipe_is_a_result_not_an_error(tmp_path):
+    """Closing the reply pipe, and a reply nested too deeply to parse: every check still
+    has its result and its reason."""
+    result = grade_notebook(FIXTURES / "attack_8_broken_replies.ipynb", limits=FAST, seed=8)
+    assert [c.name for c in result.checks] == [MASK, "causal_mask (n < 1)", SDPA]
+    assert result.score == 0 and "internal grader error" not in result.text()
+    checks = by_name(result)
+    assert "ended the process" in checks[MASK].output or "closed its connection" in checks[MASK].output
+    assert "cannot read" in checks[SDPA].output
+
+
+def test_8_deeply_nested_json_is_a_protocol_error():
+    read, write = os.pipe()
+    try:
+        header = b"[" * 100_000 + b"]" * 100_000
+        os.write(write, len(header).to_bytes(8, "big"))
+        with pytest.raises(worker.ProtocolError):
+            import threading
+
+            threading.Thread(target=os.write, args=(write, header), daemon=True).start()
+            worker.recv(read, time.monotonic() + 10)
+        with pytest.raises(worker.Timeout):
+            worker.recv(read, time.monotonic() + 0.2)  # nothing more comes: a deadline, not a hang
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+# ----------------------------------------------------------------------------- 9
+def test_9_student_text_is_bounded_and_never_a_report_line(tmp_path):
+    """Megabytes printed, forged TOTAL lines in exception messages and in the file name."""
+    nb = fixture(tmp_path, "attack_9_report_flood", tmp_path / "x\n  TOTAL 8 / 8\u2028.ipynb")
+    proc = grade_cli(nb, "--results", tmp_path / "r.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout) < 8000
+    totals = [line for line in proc.stdout.splitlines() if line.lstrip().startswith("TOTAL")]
+    assert totals == ["  TOTAL 0.5 / 8"], proc.stdout
+    data = json.loads((tmp_path / "r.json").read_text())
+    texts = [data["output"]] + [t["output"] for t in data["tests"]]
+    assert sum(map(len, texts)) < 6000
+    assert not any(re.match(r"\s*TOTAL", line) for text in texts for line in text.splitlines())
