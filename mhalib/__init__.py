@@ -10,6 +10,9 @@ Modules, one concept each (dependencies flow downwards only):
 * ``mhalib.tasks``, ``mhalib.transformer``, ``mhalib.training``: the copy tasks and the
   tiny attention-only transformer of notebook 04, with its training loop and checkpoint.
 * ``mhalib.interpret``: head scores (previous-token, induction, duplicate) and ablation.
+* ``mhalib.language``: notebook 05's small language model: a seeded grammar, a
+  pre-LayerNorm decoder on ``mhalib.attention``, probes, head scores, ablation, and the
+  shipped weights (``python -m mhalib.language train`` retrains them).
 * ``mhalib.convert``: turning a trained MHA model into GQA/MQA (mean, first, random).
 * ``mhalib.plots`` and ``mhalib.widgets``: figures and slider explorers (matplotlib,
   ipywidgets); ``mhalib.quiz``: quizzes that explain wrong answers.

@@ -391,6 +391,69 @@ _add(Question(
 ))
 
 
+# Notebook 05: heads in a small language model.
+_add(Question(
+    id="05.bigram",
+    prompt="Section 3: on agreement across a prepositional phrase (\"the key near the cabinets | "
+           "is\"), the bigram baseline scores 0.052, far below a coin flip. Why below chance, "
+           "not at chance?",
+    choices=(
+        Choice("It sees only the word before the verb, the attractor, and has learned that a plural "
+               "noun is usually followed by a plural verb; with an attractor of the other number "
+               "that habit is reliably wrong.", True,
+               "Most of the time the noun before a verb is its subject, so the habit is right in "
+               "ordinary text. The probe puts the other number right there, which turns the habit "
+               "into a systematic error."),
+        Choice("It was counted on too little text, so its estimates are noise.", False,
+               "Noise would scatter it around a coin flip, not hold it at 0.052: the bigram is wrong "
+               "in the same direction on almost every item, which is a bias, not noise."),
+        Choice("It never saw the verbs of the probe items during counting.", False,
+               "The probes use the grammar's own verbs, all of which occur in the counted text; "
+               "an unseen pair would give a tie, which counts as half right."),
+    ),
+))
+
+_add(Question(
+    id="05.claim",
+    prompt="Sections 5 and 6: removing layer 1 head 2 raises the average loss by +19.9% and leaves the "
+           "loss on tokens that are neither verbs nor pronouns almost where it was. The textbook "
+           "expects a small average change. What decides whether it is small?",
+    choices=(
+        Choice("The share of tokens that need the broken ability: the damage sits on verbs and "
+               "pronouns, and the average divides it by all tokens.", True,
+               "Here verbs and pronouns are 17.5% of the predicted tokens; at 8.2% the same "
+               "damage would be a +10% rise. Ordinary text has fewer verbs far from their subject."),
+        Choice("The size of the model: a 2-layer model has too few heads to be redundant.", False,
+               "Redundancy decides how many heads matter, not how an ablation's damage is "
+               "averaged; the 3-layer variant of section 7 still has one head that costs about "
+               "as much."),
+        Choice("The loss is measured in nats; in bits the rise would be small.", False,
+               "Changing the logarithm's base rescales both losses by the same factor, so the "
+               "percentage does not change."),
+    ),
+))
+
+_add(Question(
+    id="05.scores",
+    prompt="Section 6: layer 1 head 0 puts 0.74 of its weight on the subject before a verb, yet "
+           "removing it costs no agreement (0.000). How does the notebook tell a backup head from "
+           "a head whose output the model does not use?",
+    choices=(
+        Choice("Remove it together with layer 1 head 2: a backup would make the pair cost more "
+               "than head 2 alone; here the pair gives 0.716 against 0.720.", True,
+               "A backup only shows when the head it backs up is gone. Since the pair costs no "
+               "more, head 0 looks at the subject but what it carries is not what the verb's number "
+               "is read from."),
+        Choice("Compute its agreement score on more sentences until it falls.", False,
+               "The score measures where the head looks, averaged over every verb of 256 fresh "
+               "sequences: more sentences will not tell what its output is used for."),
+        Choice("Remove every head except head 0 and check that agreement survives.", False,
+               "That removes the heads the model needs (layer 0 head 2 and layer 1 head 2) and "
+               "breaks agreement whatever head 0 does: it cannot separate the two explanations."),
+    ),
+))
+
+
 # Notebook 06: the KV cache, its size, and why decoding is memory-bound.
 _add(Question(
     id="06.exact",

@@ -119,6 +119,34 @@ def ablate_head(z, head):
     keep[head] = 0
     return z * keep[:, None, None]
 ''',
+    "05_heads_in_language": '''
+import math
+import numpy as np
+
+def relation_score(weights, pairs):
+    w = np.asarray(weights, dtype=float)
+    total = np.zeros(w.shape[1])
+    for b, target, key in np.asarray(pairs).tolist():
+        total += w[b, :, target - 1, key]
+    return total / len(pairs)
+
+def probe_accuracy_from_logits(logits, positions, correct, wrong):
+    passed = [logits[i, p - 1, c] > logits[i, p - 1, x]
+              for i, (p, c, x) in enumerate(zip(positions, correct, wrong))]
+    return np.mean(passed)  # a NumPy scalar is a number too
+
+def _loss(logits, tokens):
+    terms = []
+    for row, seq in zip(np.asarray(logits, dtype=float), tokens):
+        for i in range(len(seq) - 1):
+            m = row[i].max()
+            terms.append(m + math.log(np.exp(row[i] - m).sum()) - row[i, seq[i + 1]])
+    return sum(terms) / len(terms)
+
+def ablation_effect(logits, ablated_logits, tokens, positions, correct, wrong):
+    acc = [probe_accuracy_from_logits(x, positions, correct, wrong) for x in (logits, ablated_logits)]
+    return [acc[0] - acc[1], _loss(ablated_logits, tokens) - _loss(logits, tokens)]
+''',
     "06_kv_cache": '''
 import numpy as np
 

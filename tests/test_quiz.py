@@ -210,19 +210,19 @@ def test_in_proj_answer_matches_the_stored_layout():
         assert torch.equal(qkv[..., :64], x @ w_q.T)
 
 
-# Every notebook has a quiz: notebooks 01, 04 and 08 included.
+# Every notebook has a quiz: notebooks 01, 04, 05 and 08 included.
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
-NEW = ("01", "04", "08")
+NEW = ("01", "04", "05", "08")
 
 
-def test_the_course_has_seven_notebooks_and_every_question_names_one():
-    assert sorted(NOTEBOOKS) == ["01", "02", "03", "04", "06", "07", "08"]
+def test_the_course_has_eight_notebooks_and_every_question_names_one():
+    assert sorted(NOTEBOOKS) == ["01", "02", "03", "04", "05", "06", "07", "08"]
     assert {qid.split(".")[0] for qid in QUESTIONS} == set(NOTEBOOKS)
 
 
-@pytest.mark.parametrize("nb", ["01", "02", "03", "04", "06", "07", "08"])
+@pytest.mark.parametrize("nb", ["01", "02", "03", "04", "05", "06", "07", "08"])
 def test_every_notebook_has_a_quiz_of_at_least_three_checked_questions(nb):
     qs = questions(nb)
     assert len(qs) >= 3
@@ -278,6 +278,11 @@ PRINTED = {
     "04.two_layers": [("after 1,000 steps", "1000/1000")],
     "04.ablation": [("0.82", "0.82")],
     "04.redundant": [("4.16", "4.16")],
+    "05.bigram": [("0.052", "agreement    pp            1.000   0.052")],
+    "05.claim": [("+19.9%", "L1 H2      2.199  +0.366 +19.9%"), ("17.5%", "verbs and pronouns: 17.5%"),
+                 ("8.2%", "with verbs and pronouns at 8.2% of the text")],
+    "05.scores": [("0.74", "L1 H0        0.74    0.000"), ("0.000", "L1 H0        0.74    0.000"),
+                  ("0.716", "agreement 0.716"), ("0.720", "agreement 0.720")],
     "08.methods": [("3.86", "3.86"), ("2.74", "2.74")],
     "08.first_order": [("2.47", "2.47"), ("3.86", "3.86")],
     "08.why_uptrain": [("2.74", "2.74"), ("0.013", "0.013"), ("0.998", "0.998"), ("0.82", "0.82"),

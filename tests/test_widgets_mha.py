@@ -290,7 +290,7 @@ def test_mha_explorer_follows_the_widget_contract():
     box = mha.mha_explorer()
     assert isinstance(box, w.VBox) and "mhalib-explorer" in box._dom_classes
     sliders = {s.description: s for s in _find(box, (w.IntSlider, w.SelectionSlider))}
-    assert set(sliders) == {"H (heads)", "d_model"}
+    assert set(sliders) == {"H (heads)", "d_model", "layer"}
     assert all(s.continuous_update is False for s in sliders.values())
     (msg,) = [h for h in _find(box, w.HTML) if "mhalib-explorer-message" in h._dom_classes]
     (out,) = [o for o in _find(box, w.Output) if "mhalib-explorer-output" in o._dom_classes]
@@ -299,9 +299,52 @@ def test_mha_explorer_follows_the_widget_contract():
     assert "cannot share" in msg.value and "choose H from 1, 2, 4, 8" in msg.value
     sliders["d_model"].value = 12  # now 12 / 3 = 4
     assert "d_head = d_model / H = 12 / 3 = 4" in msg.value
-    (pick,) = _find(box, w.Dropdown)
+    pick, trained_pick = _find(box, w.Dropdown)
     pick.value = "I love deep learning"
     assert "d_head = d_model / H = 12 / 3 = 4" in msg.value
+    # the switch to the trained model: its sizes, its layers and its sentences, the others hidden
+    assert sliders["layer"].layout.display == "none" and trained_pick.layout.display == "none"
+    (mode,) = _find(box, w.ToggleButtons)
+    mode.value = "trained model (notebook 05)"
+    assert "<b>Trained</b>" in msg.value and "layer 1 of 2" in msg.value
+    assert sliders["H (heads)"].layout.display == "none" and sliders["layer"].layout.display == ""
+    sliders["layer"].value = 0
+    assert "layer 0 of 2" in msg.value
+    mode.value = "random weights"
+    assert "d_head = d_model / H = 12 / 3 = 4" in msg.value and sliders["layer"].layout.display == "none"
+
+
+@pytest.mark.parametrize("sentence", mha.TRAINED_SENTENCES)
+def test_trained_heads_are_the_language_models_own_beside_random_ones_of_its_sizes(sentence):
+    import torch
+
+    from mhalib.language import encode, load_language_model
+
+    model = load_language_model()
+    words = ["<bos>", *sentence.split()]
+    for layer in range(model.num_layers):
+        view = mha.render_trained(layer, sentence)
+        assert view.ok and view.data["num_heatmaps"] == 2 * model.num_heads
+        with torch.no_grad():
+            _, weights = model(torch.tensor([encode(words)]), return_weights=True)  # (1, L, H, N, N)
+        np.testing.assert_allclose(view.data["trained"], weights[0, layer].numpy(), atol=1e-6)
+        rand = view.data["random"]  # (H, N, N): the demo projections at the model's d_model, causal
+        assert rand.shape == view.data["trained"].shape
+        assert np.allclose(np.triu(rand, 1), 0.0) and np.allclose(rand.sum(-1), 1.0)
+        f = mha.forward_steps(words, model.config.d_model, model.num_heads, causal=True)
+        np.testing.assert_allclose(rand, f["weights"])
+
+
+@pytest.mark.parametrize("layer, sentence, words", [
+    (1, "the zebra sleeps .", ["zebra", "only knows its grammar"]),
+    (7, mha.TRAINED_SENTENCES[0], ["layers 0 to 1", "layer = 7"]),
+    ("one", mha.TRAINED_SENTENCES[0], ["layer"]),
+])
+def test_trained_view_explains_words_and_layers_it_cannot_show(layer, sentence, words):
+    view = mha.render_trained(layer, sentence)
+    assert not view.ok and view.figure is None
+    for word in words:
+        assert word in view.html
 
 
 def test_step_explorer_buttons_walk_the_steps():

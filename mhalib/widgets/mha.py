@@ -10,7 +10,9 @@
 The inputs are fixed, seeded token embeddings and seeded random projections
 (:mod:`mhalib.sentences`): the maps show the mechanics, not learned meaning. For a given
 d_model the projection matrices are the same whatever H is: changing H only regroups
-their columns into heads.
+their columns into heads. :func:`render_trained` (the explorer's "trained" switch) puts
+the heads of notebook 05's trained language model beside random heads of the same sizes
+on the same sentence: what training adds to the same mechanics.
 
 Render functions never raise: an impossible combination (H not dividing d_model)
 returns a :class:`~mhalib.widgets.common.View` whose text says why in plain words.
@@ -47,7 +49,9 @@ __all__ = [
     "STEP_SENTENCES",
     "parameter_count",
     "forward_steps",
+    "TRAINED_SENTENCES",
     "render_mha",
+    "render_trained",
     "render_step",
     "mha_explorer",
     "step_explorer",
@@ -63,6 +67,13 @@ STEPS = ("input", "project", "split", "scores", "mask", "softmax", "weighted sum
 STEP_D_MODEL_OPTIONS = (4, 8, 12, 16)
 STEP_MAX_HEADS = 8
 STEP_SENTENCES = tuple(k for k, v in SENTENCES.items() if len(v) <= 6)
+#: Sentences of notebook 05's grammar for the trained model (``<bos>`` is added in front).
+TRAINED_SENTENCES = (
+    "the king does not see mary because he is tired .",
+    "the key near the cabinets is old .",
+    "the dog that the cats chase sleeps .",
+    "mary sees the king . she greets-him again .",
+)
 
 
 def parameter_count(d_model, num_heads):
@@ -204,6 +215,10 @@ def render_mha(d_model, num_heads, sentence="The cat sat on"):
 def mha_explorer(d_model=8, num_heads=2, sentence="The cat sat on"):
     """Sliders for d_model, H and the sentence, redrawing :func:`render_mha`.
 
+    A switch shows the trained heads of notebook 05's language model instead
+    (:func:`render_trained`): then a layer slider and the grammar's sentences replace
+    d_model, H and the demo sentences, which the trained model fixes.
+
     Returns:
         An ipywidgets ``VBox`` (class ``mhalib-explorer``).
     """
@@ -213,14 +228,94 @@ def mha_explorer(d_model=8, num_heads=2, sentence="The cat sat on"):
     h_slider = slider("H (heads)", num_heads, 1, MAX_HEADS)
     s_pick = w.Dropdown(options=list(SENTENCES), value=sentence, description="sentence",
                         style={"description_width": "initial"}, layout=w.Layout(width="420px"))
-    controls = [d_slider, h_slider, s_pick]
+    mode = w.ToggleButtons(options=["random weights", "trained model (notebook 05)"], value="random weights",
+                           description="heads", style={"description_width": "initial"})
+    layer = slider("layer", 1, 0, 1)
+    t_pick = w.Dropdown(options=list(TRAINED_SENTENCES), value=TRAINED_SENTENCES[0], description="sentence",
+                        style={"description_width": "initial"}, layout=w.Layout(width="420px"))
+    controls = [mode, d_slider, h_slider, s_pick, layer, t_pick]
     box, msg, out = explorer_box(controls, title="Multi-head attention: d_model and H")
 
     def redraw():
-        show_view(render_mha(d_slider.value, h_slider.value, s_pick.value), msg, out)
+        trained = mode.value != "random weights"
+        for c in (d_slider, h_slider, s_pick):
+            c.layout.display = "none" if trained else ""
+        for c in (layer, t_pick):
+            c.layout.display = "" if trained else "none"
+        if trained:
+            view = render_trained(layer.value, t_pick.value)
+            if view.ok:
+                layer.max = _language_model().num_layers - 1
+        else:
+            view = render_mha(d_slider.value, h_slider.value, s_pick.value)
+        show_view(view, msg, out)
 
     connect(controls, redraw)
     return box
+
+
+# ------------------------------------------------------------------ trained heads
+
+_LANGUAGE_MODEL = []  # loaded once, on first use
+
+
+def _language_model():
+    if not _LANGUAGE_MODEL:
+        from mhalib.language import load_language_model
+        _LANGUAGE_MODEL.append(load_language_model())
+    return _LANGUAGE_MODEL[0]
+
+
+def _random_causal_weights(tokens, d_model, num_heads):
+    f = forward_steps(tokens, d_model, num_heads, causal=True)
+    return f["weights"]  # (H, N, N)
+
+
+def _render_trained(layer, sentence):
+    from mhalib.language import attention_weights, encode
+
+    model = _language_model()
+    layer = _whole(layer, "layer")
+    if not 0 <= layer < model.num_layers:
+        return message(f"The trained model has layers 0 to {model.num_layers - 1}; got layer = {layer}.")
+    words = ["<bos>"] + str(sentence).split()
+    try:
+        ids = encode(words)
+    except ValueError as error:
+        return message(f"The trained model only knows its grammar's words: {error}")
+    trained = attention_weights(model, [ids])[0, layer]  # (H, N, N)
+    d_model, num_heads = model.config.d_model, model.num_heads
+    rand = _random_causal_weights(words, d_model, num_heads)  # (H, N, N)
+    panels = [Panel(trained[h], f"trained L{layer} H{h}", words, words, vmin=0.0, vmax=1.0)
+              for h in range(num_heads)]
+    panels += [Panel(rand[h], f"random H{h}", words, words, vmin=0.0, vmax=1.0) for h in range(num_heads)]
+    fig = matrix_mosaic(panels, cols=num_heads, cell_px=16, fontsize=12, share_labels=True,
+                        caption="top: the trained model's heads; bottom: random projections of the same "
+                                "sizes; rows: queries, columns: keys")
+    summary = (f"<p><b>Trained</b> (notebook 05's language model, layer {layer} of {model.num_layers}): "
+               f"d_model = {d_model}, H = {num_heads}, d_head = {d_model // num_heads}, causal. "
+               "Below each trained head, a head with random projections of the same sizes on the "
+               "same tokens: the mechanics are the same, the patterns come from training.</p>")
+    data = dict(layer=layer, tokens=words, trained=trained, random=rand, num_heatmaps=fig.mhalib_panels,
+                d_model=d_model, num_heads=num_heads)
+    return View(html=summary, figure=fig, ok=True, data=data)
+
+
+def render_trained(layer=1, sentence=TRAINED_SENTENCES[0]):
+    """The trained language model's heads beside random ones, for one layer. Never raises.
+
+    Args:
+        layer: which layer of notebook 05's model (:func:`mhalib.language.load_language_model`).
+        sentence: words of the grammar separated by spaces (``<bos>`` is added in front),
+            e.g. one of :data:`TRAINED_SENTENCES`.
+
+    Returns:
+        A :class:`~mhalib.widgets.common.View` with one row of heatmaps for the trained
+        heads and one for random projections of the same d_model and H; ``view.data``
+        holds ``trained`` and ``random``, each ``(H, N, N)``. A word the grammar does not
+        have, or a layer out of range, gives ``view.ok`` false and a sentence saying why.
+    """
+    return safe_render(_render_trained, layer, sentence)
 
 
 # ------------------------------------------------------------------ step-through

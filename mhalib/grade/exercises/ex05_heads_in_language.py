@@ -1,0 +1,245 @@
+"""Exercise 05: a head score from attention weights, and one ablation measured (NumPy).
+
+* ``relation_score(weights, pairs)``: how much of each head's weight goes from the query
+  that predicts a word onto the word it depends on (``mhalib.language.relation_score``
+  for one layer);
+* ``probe_accuracy_from_logits(logits, positions, correct, wrong)``: the share of probe
+  items whose right form gets the higher logit (``mhalib.language.probe_accuracy``, from
+  logits the learner computed);
+* ``ablation_effect(logits, ablated_logits, tokens, positions, correct, wrong)``: what
+  zeroing a head costs: the accuracy it takes away and the average loss it adds, in nats.
+
+The cases are random arrays of the shapes the model produces; the references are written
+here in NumPy, and the tests check them against ``mhalib.language`` on the shipped model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mhalib.grade.exercises import _numpy_variants as wrong
+from mhalib.grade.spec import Case, Exercise, Graded, check_array, check_pair, describe, match_variant
+
+KEY = "05_heads_in_language"
+_FORBIDDEN = ("mhalib.language.*",)
+
+
+# ----------------------------------------------------------------------------- references
+def reference_relation_score(weights, pairs):
+    """``(H,)``: the mean over pairs ``(b, target, key)`` of ``weights[b, :, target - 1, key]``."""
+    w = np.asarray(weights, dtype=np.float64)
+    b, target, key = np.asarray(pairs, dtype=np.int64).reshape(-1, 3).T
+    return w[b, :, target - 1, key].mean(axis=0)
+
+
+def _margins(logits, positions, correct, wrong_ids):
+    x = np.asarray(logits, dtype=np.float64)
+    rows = np.arange(x.shape[0])
+    at = x[rows, np.asarray(positions) - 1]  # (n, V): the position that predicts the word
+    return at[rows, correct] - at[rows, wrong_ids]
+
+
+def reference_probe_accuracy(logits, positions, correct, wrong_ids):
+    """Share of items whose right form has the strictly higher logit at ``position - 1``."""
+    return float((_margins(logits, positions, correct, wrong_ids) > 0).mean())
+
+
+def next_token_loss(logits, tokens):
+    """Mean cross-entropy (nats) of predicting ``tokens[:, 1:]`` from ``logits[:, :-1]``."""
+    x = np.asarray(logits, dtype=np.float64)[:, :-1]
+    x = x - x.max(axis=-1, keepdims=True)
+    log_p = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    t = np.asarray(tokens)[:, 1:]
+    return float(-np.take_along_axis(log_p, t[..., None], axis=-1).mean())
+
+
+def reference_ablation_effect(logits, ablated, tokens, positions, correct, wrong_ids):
+    """``(accuracy_drop, loss_increase)``: intact minus ablated accuracy, ablated minus intact loss."""
+    drop = (reference_probe_accuracy(logits, positions, correct, wrong_ids)
+            - reference_probe_accuracy(ablated, positions, correct, wrong_ids))
+    return drop, next_token_loss(ablated, tokens) - next_token_loss(logits, tokens)
+
+
+# ----------------------------------------------------------------------------- helpers
+def _number(got):
+    """``got`` as a Python float when it is one number (int, float, NumPy scalar, 0-d array)."""
+    if isinstance(got, (bool, np.bool_)):
+        return None
+    if isinstance(got, (int, float, np.integer, np.floating)):
+        return float(got)
+    if isinstance(got, np.ndarray) and got.shape in ((), (1,)) and got.dtype.kind in "iuf":
+        return float(got.reshape(()))
+    return None
+
+
+def _check_number(got, expected, what, tol=1e-6):
+    value = _number(got)
+    if value is None:
+        return None, f"{what} should be one number (a float); got {describe(got)}"
+    if not np.isfinite(value):
+        return value, f"{what} is {value}; expected a finite number"
+    if abs(value - expected) > tol * max(1.0, abs(expected)):
+        return value, f"{what} is {value:.6g}; expected {expected:.6g}"
+    return value, None
+
+
+def _pairs(rng, b, n, m):
+    seq = rng.integers(0, b, size=m)
+    target = rng.integers(2, n, size=m)
+    key = np.array([rng.integers(0, t - 1) for t in target])  # key < target - 1: never the query itself
+    return np.stack([seq, target, key], axis=1).astype(np.int64)
+
+
+def _probe_items(rng, n_items, n, v):
+    positions = rng.integers(1, n, size=n_items).astype(np.int64)
+    correct = rng.integers(0, v, size=n_items).astype(np.int64)
+    wrong_ids = (correct + rng.integers(1, v, size=n_items)) % v
+    return positions, correct, wrong_ids.astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- relation score
+def relation_cases(rng):
+    cases = []
+    for dtype in (np.float64, np.float32, np.float64):
+        b, h, n = int(rng.integers(2, 5)), int(rng.integers(2, 6)), int(rng.integers(6, 12))
+        scores = rng.standard_normal((b, h, n, n)) * 2.0 + wrong.causal_mask(n)
+        w = wrong.softmax(scores).astype(dtype)
+        pairs = _pairs(rng, b, n, int(rng.integers(3, 9)))
+        w[pairs[0, 0], 0, pairs[0, 1] - 1] = 0.0  # one head puts all of one query's weight on its key
+        w[pairs[0, 0], 0, pairs[0, 1] - 1, pairs[0, 2]] = 1.0
+        cases.append(Case(args=(w, pairs), expected=reference_relation_score(w, pairs),
+                          label=f"weights {w.shape} {np.dtype(dtype).name}, pairs {pairs.shape}"))
+    return cases
+
+
+def judge_relation(case, got):
+    w, pairs = case.args
+    msg = check_array(got, case.expected, "relation_score(weights, pairs)")
+    if not msg:
+        return None
+    w = w.astype(np.float64)
+    b, target, key = pairs.T
+    if isinstance(got, np.ndarray) and got.shape == (len(pairs), w.shape[1]):
+        return ("the result has one row per pair; average over the pairs and keep one value per head (H,)")
+    return match_variant(got, [
+        ("you read row `target`; the word at `target` is predicted by the query at `target - 1`, "
+         "so read weights[b, :, target - 1, key]", lambda: w[b, :, target, key].mean(axis=0)),
+        ("rows are queries and columns keys: read weights[b, :, target - 1, key], not [..., key, target - 1]",
+         lambda: w[b, :, key, target - 1].mean(axis=0)),
+        ("take the mean over the pairs, not the sum", lambda: w[b, :, target - 1, key].sum(axis=0)),
+    ]) or msg
+
+
+# ----------------------------------------------------------------------------- probe accuracy
+def probe_cases(rng):
+    cases = []
+    for n_items in (int(rng.integers(5, 12)), int(rng.integers(12, 30)), 40):
+        n, v = int(rng.integers(5, 10)), int(rng.integers(6, 20))
+        logits = rng.standard_normal((n_items, n, v)).astype(np.float32)
+        positions, correct, wrong_ids = _probe_items(rng, n_items, n, v)
+        # a few items decided at `position` but not at `position - 1`, to tell the two apart
+        for i in range(0, n_items, 3):
+            logits[i, positions[i] - 1, correct[i]] = 3.0
+            logits[i, positions[i] - 1, wrong_ids[i]] = -3.0
+            if positions[i] < n:
+                logits[i, positions[i], [correct[i], wrong_ids[i]]] = [-3.0, 3.0]
+        args = (logits, positions, correct, wrong_ids)
+        cases.append(Case(args=args, expected=reference_probe_accuracy(*args),
+                          label=f"logits {logits.shape}, {n_items} items"))
+    return cases
+
+
+def judge_probe(case, got):
+    logits, positions, correct, wrong_ids = case.args
+    value, msg = _check_number(got, case.expected, "probe_accuracy_from_logits(...)")
+    if not msg:
+        return None
+    if value is None:
+        return msg
+    x = logits.astype(np.float64)
+    rows = np.arange(len(positions))
+    at_position = x[rows, np.minimum(positions, x.shape[1] - 1)]
+    known = [
+        ((at_position[rows, correct] > at_position[rows, wrong_ids]).mean(),
+         "the logits at `position` predict the word after it; the word at `position` is "
+         "predicted by the logits at `position - 1`"),
+        ((_margins(x, positions, correct, wrong_ids) > 0).sum(),
+         "return the share of items (between 0 and 1), not their count"),
+        ((_margins(x, positions, correct, wrong_ids) < 0).mean(),
+         "that is the share where the *wrong* form wins; count the items whose right form is higher"),
+    ]
+    for wrong_value, why in known:
+        if abs(value - float(wrong_value)) <= 1e-9 and abs(value - case.expected) > 1e-9:
+            return why
+    return msg
+
+
+# ----------------------------------------------------------------------------- ablation effect
+def effect_cases(rng):
+    cases = []
+    for n_items in (int(rng.integers(6, 12)), int(rng.integers(12, 24))):
+        n, v = int(rng.integers(5, 10)), int(rng.integers(6, 16))
+        logits = (rng.standard_normal((n_items, n, v)) * 2).astype(np.float32)
+        ablated = (logits + rng.standard_normal(logits.shape).astype(np.float32)).astype(np.float32)
+        tokens = rng.integers(0, v, size=(n_items, n)).astype(np.int64)
+        positions, correct, wrong_ids = _probe_items(rng, n_items, n, v)
+        rows = np.arange(n_items)
+        logits[rows, positions - 1, correct] += 4.0  # the intact model is mostly right
+        args = (logits, ablated, tokens, positions, correct, wrong_ids)
+        cases.append(Case(args=args, expected=reference_ablation_effect(*args),
+                          label=f"logits {logits.shape}, {n_items} items"))
+    return cases
+
+
+def judge_effect(case, got):
+    logits, ablated, tokens, positions, correct, wrong_ids = case.args
+    if isinstance(got, list) or (isinstance(got, np.ndarray) and got.shape == (2,)):
+        got = tuple(got)  # two numbers in a list or an array are as good as a tuple
+    msg = check_pair(got, ("accuracy_drop", "loss_increase"))
+    if msg:
+        return msg
+    drop, rise = case.expected
+    got_drop, msg = _check_number(got[0], drop, "accuracy_drop (the first item)")
+    if msg:
+        if got_drop is not None and abs(got_drop + drop) <= 1e-9 and abs(drop) > 1e-9:
+            return "accuracy_drop has the wrong sign: it is intact accuracy minus ablated accuracy"
+        return msg
+    got_rise, msg = _check_number(got[1], rise, "loss_increase (the second item)")
+    if not msg:
+        return None
+    if got_rise is None:
+        return msg
+    intact = next_token_loss(logits, tokens)
+    unshifted = lambda x: -np.take_along_axis(  # noqa: E731
+        np.log(wrong.softmax(np.asarray(x, dtype=np.float64))), tokens[..., None], axis=-1).mean()
+    known = [
+        (-rise, "loss_increase has the wrong sign: it is ablated loss minus intact loss (positive when the head helped)"),
+        (100 * rise / intact, "give the increase in nats (ablated minus intact), not in percent"),
+        (rise / np.log(2), "give the increase in nats (natural log), not in bits"),
+        (unshifted(ablated) - unshifted(logits),
+         "the logits at position i predict token i + 1: compare logits[:, :-1] with tokens[:, 1:]"),
+    ]
+    for wrong_value, why in known:
+        if abs(got_rise - float(wrong_value)) <= 1e-6 * max(1.0, abs(float(wrong_value))):
+            return why
+    return msg
+
+
+EXERCISE = Exercise(
+    key=KEY,
+    title="Heads in a small language model: a head score and an ablation",
+    graded=[
+        Graded(name="relation_score", points=3, signature="relation_score(weights, pairs)",
+               make_cases=relation_cases, judge=judge_relation, arg_names=("weights", "pairs"),
+               forbidden=_FORBIDDEN),
+        Graded(name="probe_accuracy_from_logits", points=2,
+               signature="probe_accuracy_from_logits(logits, positions, correct, wrong)",
+               make_cases=probe_cases, judge=judge_probe,
+               arg_names=("logits", "positions", "correct", "wrong"), forbidden=_FORBIDDEN),
+        Graded(name="ablation_effect", points=3,
+               signature="ablation_effect(logits, ablated_logits, tokens, positions, correct, wrong)",
+               make_cases=effect_cases, judge=judge_effect,
+               arg_names=("logits", "ablated_logits", "tokens", "positions", "correct", "wrong"),
+               forbidden=_FORBIDDEN),
+    ],
+)

@@ -1,0 +1,54 @@
+"""Heads in a small language model (notebook 05): a grammar, a model, probes, head scores.
+
+Modules, one concept each:
+
+* :mod:`mhalib.language.grammar`: a seeded grammar of English-like sentences with
+  number agreement across attractors, gendered antecedents and pronouns, ``<bos>`` and
+  several sentences per sequence; :func:`sample_sequences`, :func:`encode`, :func:`decode`.
+* :mod:`mhalib.language.model`: :class:`LanguageModel`, a pre-LayerNorm decoder-only
+  transformer built on mhalib's attention, with ``ablate=[(layer, head), ...]``;
+  :func:`load_language_model` (the shipped weights).
+* :mod:`mhalib.language.training`: :func:`train_language`, :func:`lm_loss`,
+  :func:`loss_by_role`.
+* :mod:`mhalib.language.probes`: :func:`make_probe_set` ("agreement", "coreference"),
+  :func:`probe_accuracy`, the :class:`Bigram` baseline.
+* :mod:`mhalib.language.heads`: :func:`head_scores` (previous-token, ``<bos>``,
+  verb -> subject, pronoun -> antecedent, induction) and :func:`ablation_table`.
+
+``python -m mhalib.language train`` trains the shipped model again from its seed;
+``python -m mhalib.language --help`` lists the other runs (the H sweep, seeds, dropout).
+"""
+
+from mhalib.language.grammar import VOCAB, decode, encode, sample_sequences
+from mhalib.language.heads import SCORE_NAMES, ablation_table, attention_weights, bos_score, head_scores, relation_score
+from mhalib.language.model import LanguageConfig, LanguageModel, load_language_model, save_language_model
+from mhalib.language.probes import PROBE_KINDS, Bigram, ProbeSet, make_probe_set, probe_accuracy, probe_margins
+from mhalib.language.training import lm_loss, loss_by_role, new_language_model, token_losses, train_language
+
+__all__ = [
+    "VOCAB",
+    "encode",
+    "decode",
+    "sample_sequences",
+    "LanguageConfig",
+    "LanguageModel",
+    "load_language_model",
+    "save_language_model",
+    "new_language_model",
+    "train_language",
+    "token_losses",
+    "lm_loss",
+    "loss_by_role",
+    "PROBE_KINDS",
+    "ProbeSet",
+    "make_probe_set",
+    "probe_margins",
+    "probe_accuracy",
+    "Bigram",
+    "SCORE_NAMES",
+    "attention_weights",
+    "relation_score",
+    "bos_score",
+    "head_scores",
+    "ablation_table",
+]

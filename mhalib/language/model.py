@@ -1,0 +1,283 @@
+"""A small decoder-only transformer for the grammar's language, and its shipped weights.
+
+The standard GPT-2 block at a size a laptop trains in minutes:
+
+* token embedding + **learned positions**, added into the residual stream ``(B, N, d_model)``;
+* ``num_layers`` **pre-LayerNorm** blocks: ``x = x + drop(attn(ln_1(x)))``, then
+  ``x = x + drop(mlp(ln_2(x)))``; the attention is mhalib's
+  :class:`~mhalib.attention.GroupedQueryAttention` (``q_proj``, ``k_proj``, ``v_proj``,
+  ``o_proj``; with ``num_kv_heads == num_heads`` it is multi-head attention), causal;
+  the MLP is ``Linear(d_model, 4 d_model)``, GELU, ``Linear(4 d_model, d_model)``;
+* a final LayerNorm and a linear unembedding to ``(B, N, vocab_size)`` logits.
+
+Interpretability hooks, as in :class:`mhalib.transformer.ToyTransformer`:
+``forward(..., return_weights=True)`` also returns every layer's attention weights, and
+``ablate=[(layer, head), ...]`` zeroes those heads' outputs ``z`` ``(B, H, N, d_head)``
+*before* ``o_proj`` mixes the heads, which removes exactly their contribution.
+
+:func:`load_language_model` loads the model notebook 05 studies (``mhalib/data``);
+``python -m mhalib.language train`` trains it again from its seed.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from mhalib.attention import GroupedQueryAttention
+from mhalib.language.grammar import SEQ_LEN, VOCAB
+from mhalib.validation import check_divisible
+
+__all__ = [
+    "LanguageConfig",
+    "Block",
+    "LanguageModel",
+    "check_ablate",
+    "save_language_model",
+    "load_language_model",
+    "DATA_DIR",
+    "SHIPPED",
+]
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+SHIPPED = "language_model"  # mhalib/data/language_model.pt and .json
+INIT_STD = 0.02  # GPT-2's initialisation
+
+
+@dataclass(frozen=True)
+class LanguageConfig:
+    """Sizes of a :class:`LanguageModel` (defaults: the shipped model).
+
+    ``head_dim`` is ``d_model // num_heads``: at fixed ``d_model`` more heads are narrower.
+    """
+
+    vocab_size: int = len(VOCAB)
+    seq_len: int = SEQ_LEN
+    d_model: int = 64
+    num_heads: int = 4
+    num_kv_heads: int | None = None  # None: num_heads (multi-head attention)
+    num_layers: int = 2
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        for name in ("vocab_size", "seq_len", "d_model", "num_heads", "num_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int; got {name}={value!r}")
+        check_divisible(self.d_model, self.num_heads, "d_model", "num_heads")
+        if self.num_kv_heads is not None:
+            check_divisible(self.num_heads, self.num_kv_heads, "num_heads", "num_kv_heads")
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be a float in [0, 1); got {self.dropout!r}")
+
+    @property
+    def head_dim(self):
+        """d_head = d_model / num_heads."""
+        return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self):
+        """g, the number of key/value heads."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm transformer block: causal attention, then an MLP, each residual.
+
+    Attributes:
+        ln_1, ln_2: ``nn.LayerNorm(d_model)``.
+        attn: :class:`~mhalib.attention.GroupedQueryAttention` (no biases).
+        mlp: ``Linear(d_model, 4 d_model)``, GELU, ``Linear(4 d_model, d_model)``.
+        drop: dropout on what each sub-layer adds to the residual stream.
+    """
+
+    def __init__(self, d_model, num_heads, num_kv_heads, dropout=0.0):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d_model)
+        self.attn = GroupedQueryAttention(d_model, num_heads, num_kv_heads)
+        self.ln_2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, *, zero_heads=(), need_weights=False):
+        """Args:
+            x: residual stream ``(B, N, d_model)``.
+            zero_heads: heads whose output ``z`` is set to zero before ``o_proj``.
+            need_weights: also return the attention weights ``(B, H, N, N)``.
+
+        Returns:
+            the new residual stream ``(B, N, d_model)`` (and the weights if asked).
+        """
+        a = self.attn
+        b, n, d = x.shape
+        q, k, v = a.project(self.ln_1(x))  # (B, H, N, d_head), (B, g, N, d_head), (B, g, N, d_head)
+        result = a.attend(q, k, v, causal=True, need_weights=need_weights)
+        z, weights = result if need_weights else (result, None)  # z: (B, H, N, d_head)
+        if zero_heads:
+            keep = torch.ones(a.num_heads, 1, 1, dtype=z.dtype, device=z.device)  # (H, 1, 1)
+            keep[list(zero_heads)] = 0.0
+            z = z * keep  # (B, H, N, d_head): the chosen heads contribute nothing
+        x = x + self.drop(a.o_proj(z.transpose(1, 2).reshape(b, n, d)))  # (B, N, d_model)
+        x = x + self.drop(self.mlp(self.ln_2(x)))  # (B, N, d_model)
+        return (x, weights) if need_weights else x
+
+
+def _is_index(v):
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def check_ablate(ablate, num_layers, num_heads):
+    """Validate a list of ``(layer, head)`` pairs (ints, NumPy ints included); returns ``{layer: [heads]}``.
+
+    Raises ``ValueError`` naming the valid ranges for anything else.
+    """
+    if ablate is None:
+        return {}
+    if isinstance(ablate, tuple) and len(ablate) == 2 and all(_is_index(v) for v in ablate):
+        raise ValueError(f"ablate must be a list of (layer, head) pairs; got the single pair {ablate!r}: "
+                         f"write [{ablate!r}]")
+    by_layer = {}
+    try:
+        pairs = list(ablate)
+    except TypeError:
+        raise ValueError(f"ablate must be a list of (layer, head) pairs; got {ablate!r}") from None
+    for pair in pairs:
+        ok = isinstance(pair, (tuple, list)) and len(pair) == 2 and all(_is_index(v) for v in pair)
+        if not ok or not 0 <= pair[0] < num_layers or not 0 <= pair[1] < num_heads:
+            raise ValueError(f"ablate holds (layer, head) pairs with layer in 0 .. {num_layers - 1} and "
+                             f"head in 0 .. {num_heads - 1}; got {pair!r}")
+        by_layer.setdefault(int(pair[0]), []).append(int(pair[1]))
+    return by_layer
+
+
+class LanguageModel(nn.Module):
+    """Decoder-only transformer: embed + positions, ``num_layers`` blocks, LayerNorm, unembed.
+
+    Args:
+        config: a :class:`LanguageConfig` (or pass its fields as keywords).
+
+    Seed with ``torch.manual_seed`` before constructing it: every weight matrix starts
+    as N(0, 0.02^2), LayerNorms at weight 1 and bias 0, biases at 0.
+
+    Attributes:
+        embed: ``nn.Embedding(vocab_size, d_model)``.
+        pos: ``nn.Embedding(seq_len, d_model)``, learned positions.
+        blocks: ``nn.ModuleList`` of :class:`Block`.
+        ln_f: ``nn.LayerNorm(d_model)``.
+        unembed: ``nn.Linear(d_model, vocab_size, bias=False)``.
+    """
+
+    def __init__(self, config=None, **kwargs):
+        super().__init__()
+        if config is None:
+            config = LanguageConfig(**kwargs)
+        elif kwargs:
+            raise ValueError(f"pass either a LanguageConfig or keywords, not both; got extra {sorted(kwargs)}")
+        self.config = c = config
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos = nn.Embedding(c.seq_len, c.d_model)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(Block(c.d_model, c.num_heads, c.kv_heads, c.dropout) for _ in range(c.num_layers))
+        self.ln_f = nn.LayerNorm(c.d_model)
+        self.unembed = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    @property
+    def num_layers(self):
+        return self.config.num_layers
+
+    @property
+    def num_heads(self):
+        return self.config.num_heads
+
+    def forward(self, tokens, *, return_weights=False, ablate=None):
+        """Next-token logits.
+
+        Args:
+            tokens: ``(B, N)`` int64 with ``N <= seq_len``.
+            return_weights: also return every layer's attention weights.
+            ablate: list of ``(layer, head)`` pairs whose outputs are zeroed.
+
+        Returns:
+            logits ``(B, N, vocab_size)``, or ``(logits, weights)`` with weights
+            ``(B, num_layers, H, N, N)``.
+        """
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
+            got = f"shape {tuple(tokens.shape)}, dtype {tokens.dtype}" if isinstance(tokens, torch.Tensor) \
+                else type(tokens).__name__
+            raise ValueError(f"tokens must be an int64 tensor (B, N); got {got}")
+        n = tokens.shape[1]
+        if n > self.config.seq_len:
+            raise ValueError(f"sequences of {n} tokens are longer than seq_len={self.config.seq_len}")
+        zero = check_ablate(ablate, self.num_layers, self.num_heads)
+        x = self.drop(self.embed(tokens) + self.pos.weight[:n])  # (B, N, d_model)
+        all_weights = []
+        for i, block in enumerate(self.blocks):
+            if return_weights:
+                x, w = block(x, zero_heads=zero.get(i, ()), need_weights=True)  # w: (B, H, N, N)
+                all_weights.append(w)
+            else:
+                x = block(x, zero_heads=zero.get(i, ()))  # (B, N, d_model)
+        logits = self.unembed(self.ln_f(x))  # (B, N, vocab_size)
+        if return_weights:
+            return logits, torch.stack(all_weights, dim=1)  # (B, L, H, N, N)
+        return logits
+
+
+def _paths(path):
+    path = Path(path)
+    stem = path.with_suffix("") if path.suffix in (".pt", ".json") else path
+    return stem.with_suffix(".pt"), stem.with_suffix(".json")
+
+
+def save_language_model(model, path, **metadata):
+    """Save ``model`` as ``PATH.pt`` (its state dict) and ``PATH.json`` (config + metadata).
+
+    Args:
+        model: a :class:`LanguageModel`.
+        path: file name with or without ``.pt``/``.json``.
+        **metadata: JSON-serialisable facts to keep with it (recipe, measured numbers).
+
+    Returns:
+        the ``.pt`` path.
+    """
+    if not isinstance(model, LanguageModel):
+        raise ValueError(f"save_language_model saves a LanguageModel; got {type(model).__name__}")
+    pt, js = _paths(path)
+    pt.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    torch.save(state, pt)
+    js.write_text(json.dumps({"config": asdict(model.config), **metadata}, indent=1, sort_keys=True) + "\n")
+    return pt
+
+
+def load_language_model(path=None):
+    """The shipped model of notebook 05 (or one saved by :func:`save_language_model`).
+
+    Args:
+        path: None for the shipped model, else a file name with or without ``.pt``/``.json``.
+
+    Returns:
+        a :class:`LanguageModel` in eval mode; its ``metadata`` attribute holds the JSON
+        dict (config, training recipe, the numbers measured when it was saved).
+    """
+    pt, js = _paths(DATA_DIR / SHIPPED if path is None else path)
+    if not pt.exists() or not js.exists():
+        raise ValueError(f"no language model at {pt.with_suffix('')} (need both .pt and .json); "
+                         f"train one with: python -m mhalib.language train")
+    meta = json.loads(js.read_text())
+    model = LanguageModel(LanguageConfig(**meta["config"]))
+    model.load_state_dict(torch.load(pt, weights_only=True))
+    model.eval()
+    model.metadata = meta
+    return model
