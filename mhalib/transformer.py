@@ -38,6 +38,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "load_pretrained",
+    "write_weights",
+    "read_weights",
     "PRETRAINED",
 ]
 
@@ -185,6 +187,31 @@ def _paths(path):
     return stem.with_suffix(".pt"), stem.with_suffix(".json")
 
 
+def write_weights(model, path, **metadata):
+    """Save a model as ``PATH.pt`` (its state dict) and ``PATH.json`` (config + metadata).
+
+    The one format of the course's shipped models (this module's and
+    :mod:`mhalib.language`'s): ``model.config`` must be a dataclass.
+
+    Returns:
+        the ``.pt`` path.
+    """
+    pt, js = _paths(path)
+    pt.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    torch.save(state, pt)
+    js.write_text(json.dumps({"config": asdict(model.config), **metadata}, indent=1, sort_keys=True) + "\n")
+    return pt
+
+
+def read_weights(path, what="checkpoint", hint=""):
+    """``(state_dict, metadata)`` written by :func:`write_weights`; a ValueError names what is missing."""
+    pt, js = _paths(path)
+    if not pt.exists() or not js.exists():
+        raise ValueError(f"no {what} at {pt.with_suffix('')} (need both .pt and .json){hint}")
+    return torch.load(pt, weights_only=True), json.loads(js.read_text())
+
+
 def save_checkpoint(model, path, **metadata):
     """Save ``model`` as ``PATH.pt`` (its state dict) and ``PATH.json`` (config + metadata).
 
@@ -198,12 +225,7 @@ def save_checkpoint(model, path, **metadata):
     """
     if not isinstance(model, ToyTransformer):
         raise ValueError(f"save_checkpoint saves a ToyTransformer; got {type(model).__name__}")
-    pt, js = _paths(path)
-    pt.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    torch.save(state, pt)
-    js.write_text(json.dumps({"config": asdict(model.config), **metadata}, indent=1, sort_keys=True) + "\n")
-    return pt
+    return write_weights(model, path, **metadata)
 
 
 def load_checkpoint(path):
@@ -211,19 +233,16 @@ def load_checkpoint(path):
 
     The model is in eval mode; ``metadata`` is the JSON dict (``config`` included).
     """
-    pt, js = _paths(path)
-    if not pt.exists() or not js.exists():
-        raise ValueError(f"no checkpoint at {pt.with_suffix('')} (need both .pt and .json)")
-    meta = json.loads(js.read_text())
+    state, meta = read_weights(path)
     model = ToyTransformer(ToyConfig(**meta["config"]))
-    model.load_state_dict(torch.load(pt, weights_only=True))
+    model.load_state_dict(state)
     model.eval()
     return model, meta
 
 
 def load_pretrained(name=PRETRAINED):
     """The model trained in notebook 04 (shipped in ``mhalib/data``); returns ``(model, metadata)``."""
-    available = sorted(p.stem for p in DATA_DIR.glob("*.pt"))
+    available = sorted(p.stem for p in DATA_DIR.glob("*.pt") if not p.stem.startswith("language"))
     if name not in available:
         raise ValueError(f"no shipped checkpoint named {name!r}; available: {available}")
     return load_checkpoint(DATA_DIR / name)

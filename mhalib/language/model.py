@@ -21,9 +21,8 @@ Interpretability hooks, as in :class:`mhalib.transformer.ToyTransformer`:
 
 from __future__ import annotations
 
-import json
 import numbers
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 
 from mhalib.attention import GroupedQueryAttention
+from mhalib.transformer import read_weights, write_weights
 from mhalib.language.grammar import SEQ_LEN, VOCAB
 from mhalib.validation import check_divisible
 
@@ -234,12 +234,6 @@ class LanguageModel(nn.Module):
         return logits
 
 
-def _paths(path):
-    path = Path(path)
-    stem = path.with_suffix("") if path.suffix in (".pt", ".json") else path
-    return stem.with_suffix(".pt"), stem.with_suffix(".json")
-
-
 def save_language_model(model, path, **metadata):
     """Save ``model`` as ``PATH.pt`` (its state dict) and ``PATH.json`` (config + metadata).
 
@@ -253,12 +247,7 @@ def save_language_model(model, path, **metadata):
     """
     if not isinstance(model, LanguageModel):
         raise ValueError(f"save_language_model saves a LanguageModel; got {type(model).__name__}")
-    pt, js = _paths(path)
-    pt.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    torch.save(state, pt)
-    js.write_text(json.dumps({"config": asdict(model.config), **metadata}, indent=1, sort_keys=True) + "\n")
-    return pt
+    return write_weights(model, path, **metadata)
 
 
 def load_language_model(path=None):
@@ -271,13 +260,10 @@ def load_language_model(path=None):
         a :class:`LanguageModel` in eval mode; its ``metadata`` attribute holds the JSON
         dict (config, training recipe, the numbers measured when it was saved).
     """
-    pt, js = _paths(DATA_DIR / SHIPPED if path is None else path)
-    if not pt.exists() or not js.exists():
-        raise ValueError(f"no language model at {pt.with_suffix('')} (need both .pt and .json); "
-                         f"train one with: python -m mhalib.language train")
-    meta = json.loads(js.read_text())
+    state, meta = read_weights(DATA_DIR / SHIPPED if path is None else path, "language model",
+                               "; train one with: python -m mhalib.language train")
     model = LanguageModel(LanguageConfig(**meta["config"]))
-    model.load_state_dict(torch.load(pt, weights_only=True))
+    model.load_state_dict(state)
     model.eval()
     model.metadata = meta
     return model

@@ -293,7 +293,9 @@ class LabextensionList:
     """
 
     def __init__(self, env: dict[str, str]):
-        self.proc = subprocess.Popen([sys.executable, "-m", "jupyter", "labextension", "list"],
+        # The module itself, not `jupyter labextension`: the `jupyter` command looks its
+        # subcommands up on PATH first, where another Python's Jupyter may stand.
+        self.proc = subprocess.Popen([sys.executable, "-m", "jupyterlab.labextensions", "list"],
                                      env={**os.environ, **env}, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
         self._text: str | None = None
@@ -376,7 +378,8 @@ _JS_EXPLORERS = r"""
               min: h ? h.getAttribute('aria-valuemin') : null,
               max: h ? h.getAttribute('aria-valuemax') : null,
               readout: readout ? readout.innerText.trim() : '',
-              disabled: s.classList.contains('mod-disabled') || !!(h && h.hasAttribute('disabled'))};
+              disabled: s.classList.contains('mod-disabled') || !!(h && h.hasAttribute('disabled')),
+              hidden: s.offsetParent === null};
     });
     return {signature: hash(imgs.join('|') + '\u0000' + outText + '\u0000' + msgText),
             images: imgs.length, output_text: outText.slice(0, 500), message: msgText.slice(0, 500),
@@ -623,8 +626,9 @@ class NotebookPage:
         for selector, how in controls:
             for k in range(box.locator(selector).count()):
                 el = box.locator(selector).nth(k)
-                # Only the explorer's own controls, not widgets inside its output.
-                if el.evaluate("(e) => !!e.closest('.mhalib-explorer-output') || e.disabled"):
+                # Only the explorer's own controls, not widgets inside its output, and only
+                # those a learner can reach now (not another mode's hidden ones).
+                if el.evaluate("(e) => !!e.closest('.mhalib-explorer-output') || e.disabled || !e.offsetParent"):
                     continue
                 before = self.explorers()[explorer]["signature"]
                 el.scroll_into_view_if_needed()
@@ -722,8 +726,8 @@ def check_notebook(nb: NotebookPage, shots: Path, *, require_explorer: bool = Tr
     for i, ex in enumerate(explorers):
         report.screenshots.append(nb.screenshot(shots / f"{stem}-explorer{i + 1}-run-all.png", i))
         for j, sl in enumerate(ex["sliders"]):
-            if sl["disabled"] or sl["value"] is None:
-                continue
+            if sl["disabled"] or sl.get("hidden") or sl["value"] is None:
+                continue  # a learner cannot move a disabled or hidden slider (e.g. another mode's)
             name = _slug(sl["label"]) or f"slider{j + 1}"
             at_max = sl["value"] == sl["max"]
             keys = [("Home" if at_max else "End") if k == "far" else k for k in plan]
