@@ -32,7 +32,8 @@ from mhalib.language.grammar import (SEQ_LEN, VOCAB, Grammar, decode, encode, ma
 from mhalib.language.training import TRAIN_STREAM
 from mhalib.training import num_threads
 
-__all__ = ["PROBE_KINDS", "ProbeSet", "make_probe_set", "probe_margins", "probe_accuracy", "Bigram"]
+__all__ = ["PROBE_KINDS", "ProbeSet", "make_probe_set", "probe_margins", "margins_from_logits", "probe_accuracy",
+           "Bigram"]
 
 PROBE_KINDS = ("agreement", "coreference")
 _STREAM = {"agreement": 2, "coreference": 3}
@@ -163,9 +164,23 @@ def probe_margins(model, probes, ablate=None, *, threads=1):
     with num_threads(threads):
         logits = model(tokens, ablate=ablate)  # (n, N, V)
     model.train(was_training)
-    rows = torch.arange(len(probes))
-    at = logits[rows, torch.as_tensor(probes.positions) - 1].double()  # (n, V): the predicting position
-    return (at[rows, probes.correct] - at[rows, probes.wrong]).numpy()  # softmax's normaliser cancels
+    return margins_from_logits(logits.numpy(), probes.positions, probes.correct, probes.wrong)
+
+
+def margins_from_logits(logits, positions, correct, wrong):
+    """``logit(right) - logit(wrong)`` where each item's word is predicted: NumPy ``(n,)`` float64.
+
+    Args:
+        logits: ``(n, N, V)``, one row of items each.
+        positions: ``(n,)`` where each item's word stands; it is predicted at ``position - 1``.
+        correct, wrong: ``(n,)`` token ids of the two forms.
+
+    Equal to ``log p(right) - log p(wrong)``: softmax's normaliser cancels.
+    """
+    x = np.asarray(logits, dtype=np.float64)
+    rows = np.arange(x.shape[0])
+    at = x[rows, np.asarray(positions) - 1]  # (n, V): the predicting position
+    return at[rows, correct] - at[rows, wrong]
 
 
 def probe_accuracy(model, probes, ablate=None):

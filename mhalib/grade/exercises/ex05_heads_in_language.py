@@ -32,16 +32,16 @@ def reference_relation_score(weights, pairs):
     return w[b, :, target - 1, key].mean(axis=0)
 
 
-def _margins(logits, positions, correct, wrong_ids):
-    x = np.asarray(logits, dtype=np.float64)
-    rows = np.arange(x.shape[0])
-    at = x[rows, np.asarray(positions) - 1]  # (n, V): the position that predicts the word
-    return at[rows, correct] - at[rows, wrong_ids]
+def margins_from_logits(logits, positions, correct, wrong_ids):
+    """``mhalib.language.probes.margins_from_logits``, imported on first use (it loads torch)."""
+    from mhalib.language.probes import margins_from_logits as margins
+
+    return margins(logits, positions, correct, wrong_ids)
 
 
 def reference_probe_accuracy(logits, positions, correct, wrong_ids):
     """Share of items whose right form has the strictly higher logit at ``position - 1``."""
-    return float((_margins(logits, positions, correct, wrong_ids) > 0).mean())
+    return float((margins_from_logits(logits, positions, correct, wrong_ids) > 0).mean())
 
 
 def next_token_loss(logits, tokens):
@@ -163,9 +163,9 @@ def judge_probe(case, got):
         ((at_position[rows, correct] > at_position[rows, wrong_ids]).mean(),
          "the logits at `position` predict the word after it; the word at `position` is "
          "predicted by the logits at `position - 1`"),
-        ((_margins(x, positions, correct, wrong_ids) > 0).sum(),
+        ((margins_from_logits(x, positions, correct, wrong_ids) > 0).sum(),
          "return the share of items (between 0 and 1), not their count"),
-        ((_margins(x, positions, correct, wrong_ids) < 0).mean(),
+        ((margins_from_logits(x, positions, correct, wrong_ids) < 0).mean(),
          "that is the share where the *wrong* form wins; count the items whose right form is higher"),
     ]
     for wrong_value, why in known:
