@@ -18,13 +18,21 @@ rounds; its speedup over the same method's MHA; and the byte ratio H / g (the id
 speedup of a memory-bound step). Caches are flushed between calls by writing a buffer
 larger than the last-level cache.
 
+``--variants`` times other ways to write the shared-K/V product (one product over all
+keys, keys as rows, every block in one batched product, per-block softmaxes merged by
+their log-sum-exp, one matrix-vector product per query head), each checked against SDPA
+first, so that a choice of formulation is a measurement on the machine at hand.
+``--device cuda`` runs the same on a GPU, where SDPA's fused kernels are the reference.
+
 Usage: python benchmarks/bench_decode.py [--tokens N] [--repeat R] [--threads T]
+       [--variants] [--device cpu|cuda]
 (without --threads: once with every thread torch uses, then once with one thread)
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -35,21 +43,26 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median_time, print_table  # noqa: E402
 
-from mhalib.attention import grouped_attention, repeat_kv  # noqa: E402
+from mhalib.attention import KEY_BLOCK, grouped_attention, repeat_kv  # noqa: E402
 
 FLUSH_BYTES = 256 * 2**20  # larger than any last-level cache this runs on
 #: The reference: a streaming read (a sum) of the same K and V bytes, timed in the same rounds.
 READ = "streaming read of K and V"
 
 
-def make_flush(nbytes=FLUSH_BYTES):
+def make_flush(nbytes=FLUSH_BYTES, device="cpu"):
     """Return a function that evicts the caches by writing ``nbytes`` of fresh memory."""
-    buf = torch.empty(nbytes // 4, dtype=torch.float32)
+    buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
 
     def flush():
         buf.add_(1.0)
 
     return flush
+
+
+def make_sync(device):
+    """What waits for the device to finish: nothing on a CPU, the stream on a GPU."""
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
 
 
 def methods():
@@ -61,34 +74,123 @@ def methods():
     }
 
 
-def run(num_tokens=32_768, num_heads=32, head_dim=128, kv_heads=(32, 8, 1), repeat=7, warmup=1):
+# Other ways to write one decoding query against g shared K/V heads (``--variants``).
+# Each takes q (B, H, 1, d) and k, v (B, g, n, d) and returns (B, H, 1, d).
+
+def _grouped_queries(q, g):
+    """``(B, H, 1, d) -> (B, g, H/g, d)``, scaled by ``1 / sqrt(d)``."""
+    b, h, _, d = q.shape
+    return (q * (1.0 / math.sqrt(d))).reshape(b, g, h // g, d)
+
+
+def one_product(q, k, v):
+    """One score product over all the keys, then softmax, then one product with V."""
+    weights = torch.softmax(_grouped_queries(q, k.shape[1]) @ k.transpose(-1, -2), dim=-1)  # (B, g, H/g, n)
+    return (weights @ v).view(q.shape)
+
+
+def keys_as_rows(q, k, v):
+    """The group's queries as the columns of one product, ``K @ Q^T`` (keys as rows)."""
+    scores = (k @ _grouped_queries(q, k.shape[1]).transpose(-1, -2)).transpose(-1, -2)  # (B, g, H/g, n)
+    return (torch.softmax(scores, dim=-1) @ v).view(q.shape)
+
+
+def _block_scores(q, k, block):
+    """Scores of every key block of every group in one batched product: ``(B*g, n/block, H/g, block)``.
+
+    Needs n to be a multiple of ``block``: otherwise the blocks of one group and the
+    next cannot share one batch stride, and ``reshape`` would copy the whole cache.
+    """
+    b, g, n, d = k.shape
+    if n % block:
+        raise ValueError(f"n = {n} is not a multiple of the block of {block} keys")
+    blocks, rep = n // block, q.shape[1] // g
+    qb = _grouped_queries(q, g).reshape(b * g, 1, rep, d).expand(b * g, blocks, rep, d)
+    qb = qb.reshape(b * g * blocks, rep, d)  # (B*g*blocks, H/g, d): a small copy of q
+    scores = torch.bmm(qb, k.reshape(b * g * blocks, block, d).transpose(1, 2))  # (B*g*blocks, H/g, block)
+    return scores.view(b * g, blocks, rep, block)
+
+
+def batched_blocks(q, k, v, block=KEY_BLOCK):
+    """Like mhalib's key blocks, but every block of every group in one batched product."""
+    b, g, n, _ = k.shape
+    scores = _block_scores(q, k, block).transpose(1, 2).reshape(b, g, q.shape[1] // g, n)  # (B, g, H/g, n)
+    return (torch.softmax(scores, dim=-1) @ v).view(q.shape)
+
+
+def flash_decoding(q, k, v, block=KEY_BLOCK):
+    """A softmax per key block, merged by each block's maximum and sum (its log-sum-exp)."""
+    b, g, n, d = k.shape
+    scores = _block_scores(q, k, block)  # (B*g, blocks, H/g, block)
+    blocks, rep = scores.shape[1], scores.shape[2]
+    m = scores.amax(dim=-1, keepdim=True)  # (B*g, blocks, H/g, 1): each block's maximum
+    p = torch.exp(scores - m)
+    partial = torch.bmm(p.view(-1, rep, block), v.reshape(b * g * blocks, block, d))
+    partial = partial.view(b * g, blocks, rep, d)  # each block's unnormalised output
+    scale = torch.exp(m - m.amax(dim=1, keepdim=True))  # (B*g, blocks, H/g, 1): to the global maximum
+    out = (scale * partial).sum(dim=1) / (scale[..., 0] * p.sum(dim=-1)).sum(dim=1)[..., None]
+    return out.view(q.shape)
+
+
+def per_head_vectors(q, k, v):
+    """One matrix-vector product per query head: K and V read once per query head."""
+    rep = q.shape[1] // k.shape[1]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    outs = []
+    for head in range(q.shape[1]):
+        kh, vh = k[:, head // rep], v[:, head // rep]  # (B, n, d)
+        weights = torch.softmax((q[:, head] * scale) @ kh.transpose(-1, -2), dim=-1)  # (B, 1, n)
+        outs.append(weights @ vh)  # (B, 1, d)
+    return torch.stack(outs, dim=1)  # (B, H, 1, d)
+
+
+def variants():
+    return {
+        "mhalib grouped_attention": lambda q, k, v: grouped_attention(q, k, v),
+        "one product over all keys": one_product,
+        "keys as rows (K @ Q^T)": keys_as_rows,
+        "all blocks in one bmm": batched_blocks,
+        "flash-decoding (block softmax + LSE)": flash_decoding,
+        "one matrix-vector product per head": per_head_vectors,
+    }
+
+
+def run(num_tokens=32_768, num_heads=32, head_dim=128, kv_heads=(32, 8, 1), repeat=7, warmup=1,
+        fns=None, device="cpu"):
     """Time every method for every g; return rows ``(method, g, seconds)``.
+
+    ``fns`` maps names to ``fn(q, k, v)`` (default :func:`methods`); each is checked
+    against SDPA on ``repeat_kv`` before it is timed, and the streaming read is added.
 
     The calls are interleaved (one call of every method and g per round, ``repeat``
     rounds), so a change in the machine's load during the run moves all of them
     together. Each pair reports its best round: on a shared machine the least
     disturbed run is the closest to what the hardware does.
     """
+    fns = methods() if fns is None else fns
     torch.manual_seed(0)
-    flush = make_flush()
-    q = torch.randn(1, num_heads, 1, head_dim)  # (B, H, 1, d_head): one new token
+    flush, sync = make_flush(device=device), make_sync(device)
+    q = torch.randn(1, num_heads, 1, head_dim, device=device)  # (B, H, 1, d_head): one new token
     caches = {}
     for g in kv_heads:
-        k = torch.randn(1, g, num_tokens, head_dim)  # (B, g, n, d_head)
-        v = torch.randn(1, g, num_tokens, head_dim)  # (B, g, n, d_head)
+        k = torch.randn(1, g, num_tokens, head_dim, device=device)  # (B, g, n, d_head)
+        v = torch.randn(1, g, num_tokens, head_dim, device=device)  # (B, g, n, d_head)
         ref = F.scaled_dot_product_attention(q, repeat_kv(k, num_heads // g), repeat_kv(v, num_heads // g))
-        for fn in methods().values():
-            torch.testing.assert_close(fn(q, k, v), ref, atol=1e-4, rtol=1e-4)
+        for name, fn in fns.items():
+            torch.testing.assert_close(fn(q, k, v), ref, atol=1e-4, rtol=1e-4,
+                                       msg=lambda m, name=name, g=g: f"{name}, g = {g}: {m}")
         caches[g] = (k, v)
-    fns = {**methods(), READ: lambda q, k, v: (k.sum(), v.sum())}
+    fns = {**fns, READ: lambda q, k, v: (k.sum(), v.sum())}
     pairs = [(name, g) for g in kv_heads for name in fns]
     times = {pair: [] for pair in pairs}
     for round_ in range(warmup + repeat):
         for name, g in pairs:
             k, v = caches[g]
             flush()
+            sync()
             start = time.perf_counter()
             fns[name](q, k, v)
+            sync()
             if round_ >= warmup:
                 times[(name, g)].append(time.perf_counter() - start)
     return [(name, g, min(times[(name, g)])) for name, g in pairs]
@@ -106,11 +208,31 @@ def run_prefill(n=1024, num_heads=8, num_kv_heads=2, head_dim=64, repeat=3):
     return ours, sdpa
 
 
-def report(n, h, d, kv_heads, repeat):
+def where(device):
+    """The device in words, for a report's heading."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU, {torch.get_num_threads()} thread(s)"
+
+
+def report_variants(n, h, d, kv_heads, repeat, device="cpu"):
+    """Time the ways of writing the shared-K/V product; print each against the read and mhalib."""
+    print(f"\ndecode variants: B 1, one query token, cache n {n:,}, H {h}, d_head {d}, fp32, "
+          f"{where(device)}; best of {repeat} rounds")
+    rows = run(n, h, d, kv_heads, repeat=repeat, fns=variants(), device=device)
+    times = {(name, g): s for name, g, s in rows}
+    ours = "mhalib grouped_attention"
+    table = [[name, f"g = {g}", f"{s * 1e3:.2f}", f"{times[(READ, g)] / s:.0%}", f"{times[(ours, g)] / s:.2f}x",
+              f"{times[(name, h)] / s:.2f}x"]
+             for name, g, s in rows if name != READ]
+    print_table(["method", "K/V heads", "ms", "of read", "speed vs mhalib", "speedup vs its MHA"], table)
+
+
+def report(n, h, d, kv_heads, repeat, device="cpu"):
     """Run the decode benchmark at the current thread count and print its table."""
     print(f"\ndecode: B 1, one query token, cache n {n:,}, H {h}, d_head {d}, fp32, "
-          f"{torch.get_num_threads()} thread(s); caches flushed between calls; best of {repeat} rounds")
-    rows = run(n, h, d, kv_heads, repeat=repeat)
+          f"{where(device)}; caches flushed between calls; best of {repeat} rounds")
+    rows = run(n, h, d, kv_heads, repeat=repeat, device=device)
     times = {(name, g): s for name, g, s in rows}
     table = []
     for name, g, s in rows:
@@ -141,15 +263,27 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's choice, then 1 as well)")
+    parser.add_argument("--variants", action="store_true",
+                        help="time other ways to write the shared-K/V product instead")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args(argv)
     h, n, d = args.heads, args.tokens, args.head_dim
     kv_heads = [g for g in (h, 8, 1) if h % g == 0]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
+    if args.variants and n % KEY_BLOCK:
+        parser.error(f"--variants: --tokens must be a multiple of {KEY_BLOCK} (the block of the batched variants)")
+    if args.device == "cuda":
+        (report_variants if args.variants else report)(n, h, d, kv_heads, args.repeat, device="cuda")
+        return
     # All threads first, then one: on a machine shared with other work a second thread
     # often waits for the first to be scheduled, and the one-thread ratios are steadier.
     counts = [args.threads] if args.threads else sorted({torch.get_num_threads(), 1}, reverse=True)
     for threads in counts:
         torch.set_num_threads(threads)
-        report(n, h, d, kv_heads, args.repeat)
+        (report_variants if args.variants else report)(n, h, d, kv_heads, args.repeat)
+    if args.variants:
+        return
     ours_p, sdpa_p = run_prefill()
     print(f"\nprefill (N_q = N_k = 1,024, H 8, g 2, d_head 64, causal, {torch.get_num_threads()} thread(s)): "
           f"grouped_attention / SDPA enable_gqa time {ours_p / sdpa_p:.2f} (why GroupedQueryAttention "
