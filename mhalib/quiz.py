@@ -415,7 +415,7 @@ _add(Question(
 
 _add(Question(
     id="05.claim",
-    prompt="Sections 5 and 6: removing layer 1 head 2 raises the average loss by +19.9% and leaves the "
+    prompt="Section 5: removing layer 1 head 2 raises the average loss by +19.9% and leaves the "
            "loss on tokens that are neither verbs nor pronouns almost where it was. The textbook "
            "expects a small average change. What decides whether it is small?",
     choices=(
