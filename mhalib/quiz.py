@@ -546,16 +546,27 @@ _add(Question(
 
 _add(Question(
     id="07.cpu_floor",
-    prompt="On a CPU, copy-free MQA (g = 1, H = 32) decodes only about 3 to 6 times faster than MHA, "
-           "not 32 times. Why?",
+    prompt="Section 5: copy-free MQA (g = 1, H = 32) reads 32 times fewer K/V bytes than MHA, yet on a "
+           "CPU it decodes far less than 32 times faster. Why?",
     choices=(
         Choice("MQA reads its one K/V head once per query head, 32 times.", False,
                "Copy-free grouped attention reads each K/V head once for all the query heads that "
                "share it; copying and re-reading is what repeat_kv then SDPA does for GQA-8."),
-        Choice("With 32 queries sharing each K/V head, a step does 16 FLOP per byte (fp32), past a "
-               "CPU's ridge point: the arithmetic, which g does not reduce, becomes the limit.", True,
-               "The roofline in notebook 07 predicts the ceiling from the machine's measured rates. "
-               "On a GPU the ridge point is far higher, so MQA stays memory-bound and keeps gaining."),
+        Choice("Two limits. At 16 FLOP per byte (fp32) MQA is past a CPU's ridge point, so the "
+               "arithmetic, which g does not reduce, caps the speedup below 32x; and the product of a "
+               "few query rows against each block of keys runs below a large matrix product's rate and "
+               "does its reads and its arithmetic one after the other, so the speedup stays below even "
+               "that cap.",
+               True,
+               "The roofline cell of section 5 prints both estimates from your machine's measured rates, "
+               "next to the measured times: the ridge point explains the ceiling, how the product is "
+               "computed explains the gap below it. On a GPU the ridge point is far higher, so MQA stays "
+               "memory-bound and keeps gaining."),
+        Choice("The ridge point alone: past it, the roofline predicts MQA's time, so the measured "
+               "speedup is the roofline's ceiling.", False,
+               "The roofline is a lower bound on the time: it lets the reads overlap the arithmetic and "
+               "runs the arithmetic at a large matrix product's rate. A decoding step gets neither, so "
+               "its measured speedup stays well below the ceiling on a quiet machine."),
         Choice("MQA's cache is too large for the processor's caches.", False,
                "It is 32 times smaller than MHA's; the benchmark flushes the caches for every method "
                "alike."),

@@ -560,3 +560,14 @@ def test_why_uptrain_answer_merged_heads_are_unrelated_and_every_method_breaks(s
     for method in ("mean", "first", "random"):
         assert evaluate(convert_kv(model, 2, method), task)["loss"] > base + 1.0
     assert 64 // 8 > h // 2  # the paper's groups are larger than ours, not smaller
+
+
+def test_cpu_floor_quotes_no_measured_speedup_and_the_notebook_prints_both_estimates():
+    # the speedups are measured on the reader's machine, so the question quotes none of them
+    q = QUESTIONS["07.cpu_floor"]
+    text = " ".join([q.prompt] + [c.text + " " + c.why for c in q.choices])
+    assert not re.search(r"\d+\.\d+|\d+ to \d+ times", text), "07.cpu_floor quotes a measured number"
+    source = _notebook_text("07")
+    assert "4 * 32 * 8192 * 128 / (2 * 1 * 8192 * 128 * 4) == 16" in source  # the 16 FLOP/byte it quotes
+    assert "roofline ceiling" in source and "reads then arithmetic" in source
+    assert "measured above its ceiling" in source  # a disturbed run is named, not printed silently
