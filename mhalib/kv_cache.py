@@ -59,6 +59,8 @@ def kv_cache_bytes(num_layers, num_kv_heads, head_dim, num_tokens, batch_size=1,
 
 
 # Attention shapes of real models. head_dim = d_model / num_heads in every one of them.
+# sliding_window, where given: each token attends to that many tokens at most, so the
+# cache never needs to hold more than that many.
 MODEL_CONFIGS = {
     "GPT-2": dict(
         num_layers=12, num_heads=12, num_kv_heads=12, head_dim=64, d_model=768, max_context=1024,
@@ -86,9 +88,10 @@ MODEL_CONFIGS = {
     ),
     "Mistral-7B": dict(
         num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, d_model=4096, max_context=8192,
-        attention="GQA",
+        sliding_window=4096, attention="GQA",
         source="Jiang et al. 2023, 'Mistral 7B', Table 1 (n_layers 32, head_dim 128, n_heads 32, "
-               "n_kv_heads 8, dim 4096, context_len 8192)",
+               "n_kv_heads 8, dim 4096, window_size 4096, context_len 8192); its rolling buffer "
+               "cache holds the last window_size tokens",
     ),
     "Falcon-7B": dict(
         num_layers=32, num_heads=71, num_kv_heads=1, head_dim=64, d_model=4544, max_context=2048,
