@@ -305,11 +305,13 @@ def test_mha_explorer_follows_the_widget_contract():
     # the switch to the trained model: its sizes, its layers and its sentences, the others hidden
     assert sliders["layer"].layout.display == "none" and trained_pick.layout.display == "none"
     (mode,) = _find(box, w.ToggleButtons)
-    mode.value = "trained model (notebook 05)"
-    assert "<b>Trained</b>" in msg.value and "layer 1 of 2" in msg.value
+    assert all(len(label) <= 15 for label in mode.options)  # a toggle button cuts longer labels off
+    mode.value = "trained model"
+    assert "<b>Trained</b>" in msg.value and "layer 1; its 2 layers are numbered 0 to 1" in msg.value
+    assert (sliders["layer"].min, sliders["layer"].max) == (0, 1)
     assert sliders["H (heads)"].layout.display == "none" and sliders["layer"].layout.display == ""
     sliders["layer"].value = 0
-    assert "layer 0 of 2" in msg.value
+    assert "layer 0; its 2 layers" in msg.value
     mode.value = "random weights"
     assert "d_head = d_model / H = 12 / 3 = 4" in msg.value and sliders["layer"].layout.display == "none"
 

@@ -228,7 +228,10 @@ def mha_explorer(d_model=8, num_heads=2, sentence="The cat sat on"):
     h_slider = slider("H (heads)", num_heads, 1, MAX_HEADS)
     s_pick = w.Dropdown(options=list(SENTENCES), value=sentence, description="sentence",
                         style={"description_width": "initial"}, layout=w.Layout(width="420px"))
-    mode = w.ToggleButtons(options=["random weights", "trained model (notebook 05)"], value="random weights",
+    # short labels: a toggle button is about 150 px wide and cuts longer text off
+    mode = w.ToggleButtons(options=["random weights", "trained model"], value="random weights",
+                           tooltips=["random projections, the sizes you choose",
+                                     "notebook 05's language model, its own sizes"],
                            description="heads", style={"description_width": "initial"})
     layer = slider("layer", 1, 0, 1)
     t_pick = w.Dropdown(options=list(TRAINED_SENTENCES), value=TRAINED_SENTENCES[0], description="sentence",
@@ -292,7 +295,8 @@ def _render_trained(layer, sentence):
     fig = matrix_mosaic(panels, cols=num_heads, cell_px=16, fontsize=12, share_labels=True,
                         caption="top: the trained model's heads; bottom: random projections of the same "
                                 "sizes; rows: queries, columns: keys")
-    summary = (f"<p><b>Trained</b> (notebook 05's language model, layer {layer} of {model.num_layers}): "
+    summary = (f"<p><b>Trained</b> (notebook 05's language model, layer {layer}; its {model.num_layers} "
+               f"layers are numbered 0 to {model.num_layers - 1}, as in the code): "
                f"d_model = {d_model}, H = {num_heads}, d_head = {d_model // num_heads}, causal. "
                "Below each trained head, a head with random projections of the same sizes on the "
                "same tokens: the mechanics are the same, the patterns come from training.</p>")
