@@ -13,10 +13,14 @@ from mhalib.grade.exercises import _numpy_variants as wrong
 def _sdpa_ok(q, k, v, mask=None):
     scores = np.einsum("...qd,...kd->...qk", q, k) / np.sqrt(q.shape[-1])
     if mask is not None:
-        scores = scores + mask
-    scores = scores - scores.max(-1, keepdims=True)
-    w = np.exp(scores)
-    w = w / w.sum(-1, keepdims=True)
+        mask = np.asarray(mask)
+        if np.broadcast_shapes(mask.shape, scores.shape) != scores.shape:
+            raise ValueError(f"mask {mask.shape} does not fit the scores {scores.shape}")
+        scores = np.where(mask, scores, -np.inf) if mask.dtype == bool else scores + mask
+    top = scores.max(-1, keepdims=True)
+    w = np.exp(scores - np.where(np.isinf(top), 0.0, top))
+    total = w.sum(-1, keepdims=True)
+    w = np.divide(w, total, out=np.zeros_like(w), where=total > 0)
     return w @ v, w
 
 
@@ -31,6 +35,8 @@ def test_correct_functions_pass(capsys):
     assert check("scaled_dot_product_attention", _sdpa_ok) is True
 
     def split_heads(x, num_heads):
+        if x.shape[-1] % num_heads:
+            raise ValueError(f"d_model={x.shape[-1]} is not divisible by num_heads={num_heads}")
         return wrong.split(x, num_heads)
 
     assert check("split_heads", split_heads) is True

@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "grader"
 MASK, SDPA = "causal_mask", "scaled_dot_product_attention"
 FAST = Limits(call_timeout_s=6, cell_timeout_s=15, memory_mb=768)
-# What the fixtures' plain causal_mask earns: the mask itself (2.5 of 2.5) and, of the check that
-# n < 1 raises ValueError (0.5), the negative n that NumPy refuses by itself, not n = 0.
-MASK_ONLY = 2.75
+# What the fixtures' plain causal_mask earns: the mask itself (2.5 of 2.5) and none of the check that
+# n < 1 raises a ValueError saying what was given (0.5): NumPy refuses a negative n by itself, without naming it.
+MASK_ONLY = 2.5
 
 # fixture -> {graded name: (score "zero" | "full", words the feedback must contain)}
 CASES = {

@@ -29,9 +29,14 @@ def causal_mask(n):
 def scaled_dot_product_attention(q, k, v, mask=None):
     s = np.matmul(q, np.swapaxes(k, -1, -2)) * (1.0 / np.sqrt(q.shape[-1]))
     if mask is not None:
-        s = s + mask
-    e = np.exp(s - np.max(s, axis=-1, keepdims=True))
-    w = e / np.sum(e, axis=-1, keepdims=True)
+        mask = np.asarray(mask)
+        if np.broadcast_shapes(mask.shape, s.shape) != s.shape:
+            raise ValueError(f"mask {mask.shape} does not fit the scores {s.shape}")
+        s = s + (np.log(mask.astype(float)) if mask.dtype == bool else mask)  # log 1 = 0, log 0 = -inf
+    top = np.max(s, axis=-1, keepdims=True)
+    e = np.exp(s - np.where(top == -np.inf, 0.0, top))
+    total = np.sum(e, axis=-1, keepdims=True)
+    w = e / np.where(total == 0, 1.0, total)
     return np.matmul(w, v), w
 ''',
     "02_multi_head_attention": '''
@@ -39,6 +44,8 @@ import numpy as np
 
 def split_heads(x, num_heads):
     *lead, n, d = x.shape
+    if d % num_heads:
+        raise ValueError(f"num_heads={num_heads} must divide d_model={d}")
     return np.moveaxis(x.reshape(*lead, n, num_heads, d // num_heads), -2, -3)
 
 def merge_heads(x):
@@ -171,6 +178,8 @@ def decode_step(x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads):
 import numpy as np
 
 def grouped_query_attention(x, w_q, w_k, w_v, w_o, num_heads, num_kv_heads, mask=None):
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
     *lead, n, d = x.shape
     dh = d // num_heads
     q = (x @ w_q).reshape(*lead, n, num_kv_heads, num_heads // num_kv_heads, dh)

@@ -27,6 +27,7 @@ This module imports NumPy only; references are imported inside ``make_cases``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -78,6 +79,9 @@ class Case:
     extra: dict = field(default_factory=dict)  # anything the judge needs (e.g. inputs)
     raises: str | None = None  # the exception class the call must raise, e.g. "ValueError"
     raises_why: str = ""  # what the exercise asks for, shown when it does not raise it
+    # what the exception's message must name (the values given, e.g. "-3" or "(2, 4, 5)"): an
+    # error NumPy raises on its own (reshape, negative dimensions) names none of them
+    raises_names: tuple = ()
 
 
 @dataclass
@@ -209,15 +213,34 @@ def match_variant(got, variants, rtol=1e-4, atol=1e-5):
 
 
 # ----------------------------------------------------------------------------- errors
+def _names(message, value):
+    """Whether ``message`` names ``value``: a whole number, a shape or a word (spaces and case
+    ignored); a list of values is named when any of them is (``["divisible", "multiple"]``)."""
+    if isinstance(value, list):
+        return any(_names(message, v) for v in value)
+    text, value = re.sub(r"\s+", "", message), re.sub(r"\s+", "", str(value))
+    return re.search(rf"(?<![\d.]){re.escape(value)}(?!\.?\d)", text, flags=re.IGNORECASE) is not None
+
+
 def judge_raised(case, kinds, error):
     """A case that must raise, and raised: ``None`` when it is ``case.raises``, else a message.
 
     ``kinds`` are the class names of the exception and of its bases (a subclass of
-    ValueError counts as a ValueError); ``error`` is its text, ``"Type: message"``.
+    ValueError counts as a ValueError); ``error`` is its text, ``"Type: message"``, perhaps
+    followed by where it was raised (`` at line 3 of cell 2``). When the case lists
+    ``raises_names``, the message must name each of them: the exercise asks for an error
+    that says what was given, and the one NumPy raises by itself does not.
     """
-    if case.raises in kinds:
-        return None
-    return f"raised {error}; it should raise {case.raises}: {case.raises_why}"
+    if case.raises not in kinds:
+        return f"raised {error}; it should raise {case.raises}: {case.raises_why}"
+    message = re.sub(r" at line \d+ of cell \d+$", "", error).split(":", 1)[-1]
+    missing = [" or ".join(map(str, v)) if isinstance(v, list) else str(v)
+               for v in case.raises_names if not _names(message, v)]
+    if missing:
+        return (f"raised {error}, but the message does not name what was given ({', '.join(missing)}); "
+                f"an error NumPy raises by itself is not the check the exercise asks for: test the "
+                f"input yourself and raise {case.raises}: {case.raises_why}")
+    return None
 
 
 def judge_returned(case, got):

@@ -23,12 +23,16 @@ def causal_mask(n):
     return np.where(np.triu(np.ones((n, n), dtype=bool), k=1), -np.inf, 0.0)
 
 
-def sdpa(q, k, v, mask=None, *, scale="sqrt_dk", axis=-1, use_mask=True):
-    """Scaled dot-product attention with one mistake switched on."""
+def sdpa(q, k, v, mask=None, *, scale="sqrt_dk", axis=-1, use_mask=True, transpose="last_two"):
+    """Scaled dot-product attention with one mistake switched on.
+
+    ``transpose="all"``: ``k.T``, which reverses every axis of a batched ``k``.
+    """
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     d_k, d_v = q.shape[-1], v.shape[-1]
     div = {"sqrt_dk": np.sqrt(d_k), "none": 1.0, "dk": float(d_k), "sqrt_dv": np.sqrt(d_v)}[scale]
-    scores = q @ np.swapaxes(k, -1, -2) / div
+    k_t = k.T if transpose == "all" else np.swapaxes(k, -1, -2)
+    scores = q @ k_t / div
     if mask is not None and use_mask:
         scores = scores + np.asarray(mask, dtype=np.float64)
     w = softmax(scores, axis=axis)

@@ -53,8 +53,13 @@ NO_POSITIONS = ("a mask needs at least one position (say in the message what was
 
 
 def causal_mask_refusal_cases(rng):
-    """n = 0 and a negative n: the exercise asks for ValueError."""
-    return [Case(args=(n,), label=f"causal_mask({n})", raises="ValueError", raises_why=NO_POSITIONS)
+    """n = 0 and a negative n: the exercise asks for a ValueError that says what was given.
+
+    NumPy refuses a negative n by itself (``np.ones((-2, -2))``: "negative dimensions are not
+    allowed"); that message does not name n, so a function without the check earns nothing.
+    """
+    return [Case(args=(n,), label=f"causal_mask({n})", raises="ValueError", raises_why=NO_POSITIONS,
+                 raises_names=(n,))
             for n in (0, -int(rng.integers(1, 6)))]
 
 
@@ -77,7 +82,7 @@ def sdpa_cases(rng):
     def add(q, k, v, mask, label):
         out, weights = scaled_dot_product_attention(
             q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
-            mask=None if mask is None else mask.astype(np.float64))
+            mask=mask if mask is None or mask.dtype == bool else mask.astype(np.float64))
         kwargs = {} if mask is None else {"mask": mask}
         cases.append(Case(args=(q, k, v), kwargs=kwargs, expected=(out, weights), label=label))
 
@@ -97,7 +102,61 @@ def sdpa_cases(rng):
     bias = rng.standard_normal((n, n_k))
     add(_rand(rng, (n, 16), f64), _rand(rng, (n_k, 16), f64), _rand(rng, (n_k, d_v), f64), bias,
         f"q {(n, 16)}, k {(n_k, 16)}, a finite additive mask (a bias) {(n, n_k)}")
+    # boolean masks, True = keep: padding that keeps 1 .. n_k - 1 keys of each sequence (read the
+    # other way round, every row still keeps a key, so the mistake can be named), and a causal one
+    keep = np.zeros((B, 1, n_k), dtype=bool)
+    for b in range(B):
+        keep[b, 0, :int(rng.integers(1, n_k))] = True
+    add(_rand(rng, (B, n, d), f64), _rand(rng, (B, n_k, d), f64), _rand(rng, (B, n_k, d_v), f64), keep,
+        f"(B, N, d) = {(B, n, d)}, N_k = {n_k}, a boolean padding mask {keep.shape} (True = keep)")
+    add(_rand(rng, (B, H, n, d), f32), _rand(rng, (B, H, n, d), f32), _rand(rng, (B, H, n, d_v), f32),
+        np.tril(np.ones((n, n), dtype=bool)), f"(B, H, N, d) = {(B, H, n, d)}, float32, a boolean causal "
+                                               f"mask {(n, n)} (True = keep)")
+    # rows whose every key is blocked: their weights must be 0, not NaN
+    blocked = np.where(rng.random((B, n, n_k)) < 0.3, -np.inf, 0.0)
+    blocked[:, 0] = -np.inf
+    blocked[:, 1:, 0] = 0.0
+    add(_rand(rng, (B, n, d), f64), _rand(rng, (B, n_k, d), f64), _rand(rng, (B, n_k, d_v), f64), blocked,
+        f"(B, N, d) = {(B, n, d)}, a mask {blocked.shape} that blocks every key of query 0")
+    cases[-1].extra["blocked_rows"] = True
+    # scores around 1000: exp overflows unless each row's maximum is subtracted first
+    q, k = _rand(rng, (n, d), f64), _rand(rng, (n_k, d), f64)
+    q *= 1000 / np.abs(q @ k.T / np.sqrt(d)).max()
+    q *= np.sign((q @ k.T).flat[np.abs(q @ k.T).argmax()])  # the largest score is +1000
+    add(q, k, _rand(rng, (n_k, d_v), f64), None, f"q {(n, d)}, k {(n_k, d)}, scores up to 1000 in size")
+    cases[-1].extra["large_scores"] = True
+    # B = N = d: `k.T` (which reverses every axis) runs here and gives the wrong numbers
+    c = int(rng.integers(3, 6))
+    add(_rand(rng, (c, c, c), f64), _rand(rng, (c, c, c), f64), _rand(rng, (c, c, c), f64), None,
+        f"(B, N, d) = {(c, c, c)}, no mask")
+    # a mask that would make the result larger than the scores: the exercise asks for ValueError
+    big = np.zeros((B, n, n_k))
+    cases.append(Case(args=(_rand(rng, (n, d), f64), _rand(rng, (n_k, d), f64), _rand(rng, (n_k, d_v), f64)),
+                      kwargs={"mask": big}, label=f"scores {(n, n_k)}, mask {big.shape}: too large",
+                      raises="ValueError", raises_names=(big.shape, (n, n_k)),
+                      raises_why=f"the mask {big.shape} does not fit the scores {(n, n_k)} (it would make "
+                                 "the result larger than the scores); raise ValueError naming both shapes"))
     return cases
+
+
+BLOCKED_ROWS = ("a row whose every key is blocked came back as NaN; the exercise asks for weights of 0 "
+                "there (not NaN): when a row's maximum is -inf, subtract 0 instead, and divide only "
+                "where the row's sum is positive")
+OVERFLOW = ("the softmax overflows on scores around 1000 (exp(1000) is inf): use a numerically stable "
+            "softmax, subtracting each row's maximum before np.exp")
+K_DOT_T = ("`k.T` reverses every axis of a batched k, (B, N, d) -> (d, N, B); transpose only the last "
+           "two axes: np.swapaxes(k, -1, -2)")
+BOOL_AS_NUMBERS = ("the boolean mask was added as numbers (True = 1, False = 0); turn it into an "
+                   "additive mask first: True = keep -> 0.0, False = block -> -inf")
+BOOL_INVERTED = ("the boolean mask is read the wrong way round: True means keep (as in PyTorch's "
+                 "scaled_dot_product_attention), False means block")
+
+
+def _mask_variants(mask):
+    """``(message, mask as the mistaken code reads it)`` for a boolean mask; none for a float one."""
+    if mask is None or np.asarray(mask).dtype != bool:
+        return []
+    return [(BOOL_INVERTED, np.where(mask, -np.inf, 0.0)), (BOOL_AS_NUMBERS, mask.astype(np.float64))]
 
 
 def judge_sdpa(case, got):
@@ -113,7 +172,16 @@ def judge_sdpa(case, got):
     mask = case.kwargs.get("mask")
     msg = check_array(weights, w_exp, "weights")
     if msg:
-        better = match_variant(weights, [
+        if isinstance(weights, np.ndarray) and weights.shape == w_exp.shape and weights.dtype.kind == "f":
+            bad = ~np.isfinite(weights.astype(np.float64))
+            empty = (w_exp == 0).all(axis=-1, keepdims=True)  # rows with every key blocked
+            if case.extra.get("blocked_rows") and bad.any() and not bad[~np.broadcast_to(empty, bad.shape)].any():
+                return BLOCKED_ROWS
+            if case.extra.get("large_scores") and bad.any():
+                return OVERFLOW
+        variants = [(why, lambda m=m: wrong.sdpa(q, k, v, m)[1]) for why, m in _mask_variants(mask)]
+        better = match_variant(weights, variants + [
+            (K_DOT_T, lambda: wrong.sdpa(q, k, v, mask, transpose="all")[1]),
             ("the scores are not divided by sqrt(d_k)", lambda: wrong.sdpa(q, k, v, mask, scale="none")[1]),
             ("the scores are divided by d_k; divide by sqrt(d_k)", lambda: wrong.sdpa(q, k, v, mask, scale="dk")[1]),
             ("the scores are divided by sqrt(d_v); divide by sqrt(d_k), the last axis of q and k",
@@ -127,14 +195,31 @@ def judge_sdpa(case, got):
             return better
         if (isinstance(weights, np.ndarray) and weights.shape == w_exp.shape
                 and weights.dtype in (np.float32, np.float64)
-                and np.isfinite(weights).all()
-                and not np.allclose(weights.astype(np.float64).sum(-1), 1.0, atol=1e-4)):
-            return "weights rows do not sum to 1: apply the softmax over the last axis (the keys)"
+                and np.isfinite(weights).all()):
+            rows = w_exp.sum(-1) > 0.5  # rows with a key left to attend to sum to 1
+            if not np.allclose(weights.astype(np.float64).sum(-1)[rows], 1.0, atol=1e-4):
+                return "weights rows do not sum to 1: apply the softmax over the last axis (the keys)"
         return msg
     msg = check_array(out, out_exp, "out")
     if msg and isinstance(out, np.ndarray) and out.shape == out_exp.shape:
         return f"{msg}: out should be weights @ v"
     return msg
+
+
+def explain_sdpa_error(case, error, call):
+    """``k.T`` on a batched k usually raises (the core dimensions of ``q @ k.T`` do not line up).
+
+    To tell it from other shape errors, call the function once more on a cube, B = N = d, where
+    ``k.T`` runs: a function that uses it then gives exactly the ``k.T`` numbers.
+    """
+    if not error.startswith("ValueError") or np.ndim(case.args[0]) < 3:
+        return None
+    rng = np.random.default_rng(len(case.label))
+    q, k, v = (rng.standard_normal((4, 4, 4)) for _ in range(3))
+    got = call((q, k, v), {})
+    if not isinstance(got, tuple) or len(got) != 2:
+        return None
+    return match_variant(got[1], [(K_DOT_T, lambda: wrong.sdpa(q, k, v, transpose="all")[1])])
 
 
 _SDPA_FORBIDDEN = FROM_SCRATCH_FORBIDDEN
@@ -159,7 +244,7 @@ EXERCISE = Exercise(
             name="scaled_dot_product_attention", points=5,
             signature="scaled_dot_product_attention(q, k, v, mask=None)",
             make_cases=sdpa_cases, judge=judge_sdpa, arg_names=("q", "k", "v"),
-            forbidden=_SDPA_FORBIDDEN,
+            forbidden=_SDPA_FORBIDDEN, explain_error=explain_sdpa_error,
             description="(out, weights) = softmax(q k^T / sqrt(d_k) + mask) v",
         ),
     ],

@@ -36,6 +36,15 @@ def split_cases(rng):
         x = _x(rng, (*lead, n, d_model), dtype)
         cases.append(Case(args=(x, h), expected=split_heads(x.astype(np.float64), h),
                           label=f"x {x.shape} {np.dtype(dtype).name}, num_heads={h}"))
+    # num_heads that does not divide d_model: NumPy's own reshape error names num_heads (a
+    # dimension of the shape it tried) but never d_model, so the message must name both
+    d_model = int(rng.choice([12, 16, 24]))
+    h = int(rng.choice([m for m in (5, 7) if d_model % m]))
+    x = _x(rng, (int(rng.integers(3, 8)), d_model))
+    cases.append(Case(args=(x, h), label=f"x {x.shape}, num_heads={h}", raises="ValueError",
+                      raises_names=(d_model, h),
+                      raises_why=f"num_heads={h} does not divide d_model={d_model}; raise ValueError "
+                                 "saying what was given and which values would work"))
     return cases
 
 

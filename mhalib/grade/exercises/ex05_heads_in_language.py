@@ -97,6 +97,19 @@ def _probe_items(rng, n_items, n, v):
     return positions, correct, wrong_ids.astype(np.int64)
 
 
+def _tie(logits, positions, correct, wrong_ids, items):
+    """Give items ``items`` the same logit for both forms: not passed, since passing needs the
+    right form *strictly* higher (these ties tell ``>`` from ``>=``)."""
+    for i in items:
+        logits[i, positions[i] - 1, wrong_ids[i]] = logits[i, positions[i] - 1, correct[i]]
+
+
+STRICT = ("an item whose two logits are equal was counted as passed: the right form must be "
+          "strictly higher (>), not >=")
+OVERFLOW = ("the loss is not finite: some logits are near 1000 and exp(1000) overflows; subtract "
+            "each row's maximum before np.exp (log-sum-exp)")
+
+
 # ----------------------------------------------------------------------------- relation score
 def relation_cases(rng):
     cases = []
@@ -143,6 +156,7 @@ def probe_cases(rng):
             logits[i, positions[i] - 1, wrong_ids[i]] = -3.0
             if positions[i] < n:
                 logits[i, positions[i], [correct[i], wrong_ids[i]]] = [-3.0, 3.0]
+        _tie(logits, positions, correct, wrong_ids, range(1, n_items, 4))
         args = (logits, positions, correct, wrong_ids)
         cases.append(Case(args=args, expected=reference_probe_accuracy(*args),
                           label=f"logits {logits.shape}, {n_items} items"))
@@ -167,6 +181,7 @@ def judge_probe(case, got):
          "return the share of items (between 0 and 1), not their count"),
         ((margins_from_logits(x, positions, correct, wrong_ids) < 0).mean(),
          "that is the share where the *wrong* form wins; count the items whose right form is higher"),
+        ((margins_from_logits(x, positions, correct, wrong_ids) >= 0).mean(), STRICT),
     ]
     for wrong_value, why in known:
         if abs(value - float(wrong_value)) <= 1e-9 and abs(value - case.expected) > 1e-9:
@@ -185,6 +200,12 @@ def effect_cases(rng):
         positions, correct, wrong_ids = _probe_items(rng, n_items, n, v)
         rows = np.arange(n_items)
         logits[rows, positions - 1, correct] += 4.0  # the intact model is mostly right
+        _tie(logits, positions, correct, wrong_ids, [1])  # in the intact model only: >= moves the drop
+        # one row of logits near 1000, in both models: exp overflows unless the row's maximum is
+        # subtracted first (a shift that changes no softmax, hence no loss; not a probe row)
+        row = 0 if positions[0] != 1 else 1
+        logits[0, row] += 1000.0
+        ablated[0, row] += 1000.0
         args = (logits, ablated, tokens, positions, correct, wrong_ids)
         cases.append(Case(args=args, expected=reference_ablation_effect(*args),
                           label=f"logits {logits.shape}, {n_items} items"))
@@ -203,12 +224,18 @@ def judge_effect(case, got):
     if msg:
         if got_drop is not None and abs(got_drop + drop) <= 1e-9 and abs(drop) > 1e-9:
             return "accuracy_drop has the wrong sign: it is intact accuracy minus ablated accuracy"
+        not_strict = [(margins_from_logits(x, positions, correct, wrong_ids) >= 0).mean()
+                      for x in (logits, ablated)]
+        if got_drop is not None and abs(got_drop - (not_strict[0] - not_strict[1])) <= 1e-9:
+            return f"accuracy_drop: {STRICT}"
         return msg
     got_rise, msg = _check_number(got[1], rise, "loss_increase (the second item)")
     if not msg:
         return None
     if got_rise is None:
         return msg
+    if not np.isfinite(got_rise):
+        return f"loss_increase: {OVERFLOW}"
     intact = next_token_loss(logits, tokens)
     unshifted = lambda x: -np.take_along_axis(  # noqa: E731
         np.log(wrong.softmax(np.asarray(x, dtype=np.float64))), tokens[..., None], axis=-1).mean()

@@ -39,6 +39,16 @@ def gqa_cases(rng):
         cases.append(Case(args=(x, *ws, h, g), kwargs={} if mask is None else {"mask": mask}, expected=exp,
                           label=f"x {x.shape} {np.dtype(dtype).name}, H={h}, g={g}"
                                 + (", causal mask" if causal else "")))
+    # g that does not divide H: NumPy fails by itself later (the head axes do not broadcast),
+    # naming shapes but never saying why, so the message must say that g does not divide H
+    h, g = 6, 4
+    dh = int(rng.integers(2, 5))
+    x = rng.standard_normal((int(rng.integers(3, 7)), h * dh))
+    ws = attention_weights(rng, h * dh, g * dh, np.float64)
+    cases.append(Case(args=(x, *ws, h, g), label=f"x {x.shape}, H={h}, g={g}", raises="ValueError",
+                      raises_names=(h, g, ["divi", "multiple"]),
+                      raises_why=f"num_kv_heads={g} does not divide num_heads={h}; raise ValueError "
+                                 "that says so"))
     return cases
 
 
