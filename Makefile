@@ -24,13 +24,16 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 PIP_FLAGS := --disable-pip-version-check
 TORCH_VERSION = $(shell sed -n 's/^torch==\([^;]*\).*/\1/p' $(LOCK))
 
-.PHONY: help install lab test notebooks exercises bench autograder lock clean
+.PHONY: help install lab test notebooks exercises grade student-release nbgrader bench autograder lock clean
 
 help:
 	@echo "make lab        open the course in JupyterLab (sets up .venv first)"
 	@echo "make test       run the whole test suite (sets up .venv first)"
 	@echo "make notebooks  re-execute every notebook and solution in place"
-	@echo "make exercises  regenerate exercises/ from solutions/"
+	@echo "make exercises  regenerate exercises/ from solutions/ (never over an exercise someone changed)"
+	@echo "make grade NB=exercises/01_single_head_attention.ipynb  grade your own notebook"
+	@echo "make student-release  dist/mha-course-student.zip: the course without solutions/, to hand out"
+	@echo "make nbgrader   install nbgrader 0.9.6 beside the course ($(NBGRADER_VENV)/bin/nbgrader)"
 	@echo "make bench      run every benchmark and print the ratios"
 	@echo "make autograder EXERCISE=NN  build the Gradescope zip for exercise NN (dist/)"
 
@@ -131,6 +134,34 @@ notebooks: $(STAMP)
 
 exercises: $(STAMP)
 	$(PY) -m mhalib.grade.release
+
+# A learner grades their own notebook: the same checks and points as a class run, with the
+# code run as themselves (no sandbox needed; bubblewrap is for grading other people's work).
+NB ?=
+grade: $(STAMP)
+	@test -n "$(NB)" || { echo "make grade NB=FILE.ipynb: name the notebook to grade, e.g. make grade NB=exercises/01_single_head_attention.ipynb" >&2; exit 2; }
+	$(PY) -m mhalib.grade --no-isolation "$(NB)"
+
+# What learners get: the course without solutions/ (and without the tests and tools that need them).
+student-release: $(STAMP)
+	$(PY) tools/student_release.py
+
+# nbgrader 0.9.6 in an environment of its own (its pins differ from the course's), which also
+# sees the course and its packages: $(NBGRADER_VENV)/bin/nbgrader.
+NBGRADER_VENV := $(VENV)/nbgrader
+define NBGRADER_PTH_PY
+import sys, sysconfig
+from pathlib import Path
+course, packages = sys.argv[1:3]
+Path(sysconfig.get_paths()["purelib"], "course.pth").write_text(course + "\n" + packages + "\n")
+endef
+export NBGRADER_PTH_PY
+
+nbgrader: $(STAMP)
+	$(PY) -m venv $(NBGRADER_VENV)
+	$(NBGRADER_VENV)/bin/python -m pip install $(PIP_FLAGS) nbgrader==0.9.6
+	$(NBGRADER_VENV)/bin/python -c "$$NBGRADER_PTH_PY" "$(CURDIR)" "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+	@echo "==> nbgrader is $(NBGRADER_VENV)/bin/nbgrader (see docs/instructors.md, Grading with nbgrader)"
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

@@ -4,6 +4,10 @@ tests/fixtures/grader/attack_N_*.ipynb, graded under the same sandbox as a class
 1 silent privilege fallback      2 forbidden calls checked inside the student's process
 3 no isolation between submissions   4 hangs   5 the results file   6 the student chooses
 the exercise   7 honest answers marked wrong   8 internal errors from the child   9 report flood
+10 forged replies   11 no wall clock over a submission   12 the sandbox's view of the grader
+(environment, other processes, writable places)   13 a syntax error reported as a missing
+function. Without a notebook of their own: links and special files as submissions, CSV cells
+read as formulas, and grading without a sandbox (--no-isolation).
 
 Placeholders in a fixture (``@NAME@``) are filled in here with paths of this run.
 """
@@ -24,8 +28,9 @@ import numpy as np
 import pytest
 
 from mhalib.grade import worker
-from mhalib.grade.grader import grade_notebook
-from mhalib.grade.sandbox import Limits, decide
+from mhalib.grade.__main__ import csv_cell
+from mhalib.grade.grader import NotebookError, NotRegularFile, grade_notebook, read_submission
+from mhalib.grade.sandbox import Isolation, Limits, decide
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "grader"
@@ -67,7 +72,7 @@ def processes_with(marker):
 
 def test_every_root_cause_has_its_attack_fixture():
     fixtures = sorted(p.stem for p in FIXTURES.glob("attack_*.ipynb"))
-    assert [int(name.split("_")[1]) for name in fixtures] == list(range(1, 10))
+    assert sorted(int(name.split("_")[1]) for name in fixtures) == list(range(1, 14))
     source = Path(__file__).read_text(encoding="utf-8")
     assert all(name in source for name in fixtures)
 
@@ -257,7 +262,7 @@ def test_6_with_several_notebooks_the_one_meant_is_graded(tmp_path, autograder_0
     proc = gradescope(autograder_07, submission, tmp_path / "results.json")
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["score"] == 8, proc.stdout
-    assert "Graded 07_mqa_gqa.ipynb of the 2 notebooks uploaded" in data["output"]
+    assert "2 notebooks were uploaded" in data["output"] and "kept the best: 07_mqa_gqa.ipynb" in data["output"]
 
 
 # ----------------------------------------------------------------------------- 7
@@ -320,3 +325,217 @@ def test_9_student_text_is_bounded_and_never_a_report_line(tmp_path):
     texts = [data["output"]] + [t["output"] for t in data["tests"]]
     assert sum(map(len, texts)) < 6000
     assert not any(re.match(r"\s*TOTAL", line) for text in texts for line in text.splitlines())
+
+
+def needs_sandbox():
+    isolation = decide()
+    if not isolation.ok:
+        pytest.skip(f"no sandbox here: {isolation.problem}")
+    return isolation
+
+
+# ----------------------------------------------------------------------------- 10
+def test_10_forged_replies_are_wrong_answers_with_every_check_listed(tmp_path):
+    """A reply with "printed": Infinity to a top-level cell, and one with numbers that
+    overflow to a graded call: the cell is skipped, the call is a wrong answer, the other
+    functions keep their points and every check is listed with its points."""
+    needs_sandbox()
+    result = grade_notebook(FIXTURES / "attack_10_forged_reply.ipynb", limits=FAST, seed=10)
+    text = result.text()
+    assert [c.name for c in result.checks] == [MASK, "causal_mask (n < 1)", SDPA], text
+    assert result.max_score == 8 and "internal grader error" not in text
+    checks = by_name(result)
+    assert checks[MASK].score == checks[MASK].max_score, text
+    assert checks[SDPA].score == 0 and "cannot read" in checks[SDPA].output, text
+    assert "it was skipped" in text
+
+
+@pytest.mark.parametrize("header", [b'{"printed": Infinity, "n_arrays": 0}', b'{"x": NaN, "n_arrays": 0}',
+                                    b'{"printed": 1e999, "n_arrays": 0}', b'{"printed": -Infinity, "n_arrays": 0}'])
+def test_10_non_finite_json_is_a_protocol_error(header):
+    read, write = os.pipe()
+    try:
+        os.write(write, len(header).to_bytes(8, "big") + header)
+        with pytest.raises(worker.ProtocolError):
+            worker.recv(read, time.monotonic() + 5)
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+# ----------------------------------------------------------------------------- 11
+def test_11_a_wall_clock_caps_the_whole_submission(tmp_path):
+    """Sleeping just under the cell and call limits in every cell and call: the whole
+    submission ends at its own cap, and what did not run scores 0 with the reason."""
+    needs_sandbox()
+    limits = Limits(call_timeout_s=3, cell_timeout_s=4, submission_s=8)
+    start = time.monotonic()
+    result = grade_notebook(FIXTURES / "attack_11_slow_everywhere.ipynb", limits=limits, seed=11)
+    elapsed = time.monotonic() - start
+    assert elapsed < 8 + 6, (elapsed, result.text())  # the cap, and the start of the sandbox
+    assert result.max_score == 8 and result.score < 8, result.text()
+    assert "used up its 8 s of wall-clock time" in result.text()
+
+
+def test_11_submission_timeout_is_an_option_with_a_clear_error(tmp_path):
+    proc = grade_cli(SOLUTION_01, "--submission-timeout", "0", cwd=tmp_path)
+    assert proc.returncode == 2 and "--submission-timeout must be more than 0" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- 12
+@pytest.mark.parametrize("userns", [False, True], ids=["as root or own uid", "user namespace"])
+def test_12_the_sandbox_sees_nothing_of_the_graders_environment(tmp_path, monkeypatch, userns):
+    """A variable planted in the grader's environment is in no file of the sandbox's /proc;
+    no other process's memory can be opened; nothing outside /tmp can be written. With
+    ``userns`` the sandbox is the one an ordinary user gets (uid 65534 in a user namespace)."""
+    isolation = needs_sandbox()
+    if isolation.kind != "bubblewrap":
+        pytest.skip("needs bubblewrap")
+    if userns and not isolation.userns and os.geteuid() != 0:
+        pytest.skip("an ordinary user gets the user-namespace sandbox already")
+    marker = f"PLANTED{uuid.uuid4().hex}"
+    monkeypatch.setenv("MHALIB_TEST_SECRET", marker)
+    nb = fixture(tmp_path, "attack_12_sandbox_environment", MARKER=marker)
+    box = Isolation("bubblewrap", tmp_size=isolation.tmp_size, userns=userns or isolation.userns)
+    result = grade_notebook(nb, limits=FAST, seed=12, isolation=box)
+    output = by_name(result)[MASK].output
+    assert "probe=[]" in output, result.text()
+    assert marker not in result.text()
+
+
+# ----------------------------------------------------------------------------- 13
+def test_13_a_syntax_error_is_reported_first_with_cell_and_line(tmp_path):
+    needs_sandbox()
+    result = grade_notebook(FIXTURES / "attack_13_syntax_error.ipynb", limits=FAST, seed=13)
+    lines = result.text().splitlines()
+    assert lines[1].startswith("  SYNTAX ERROR in cell 2, line 6: SyntaxError"), lines[:3]
+    mask = by_name(result)[MASK].output
+    assert mask.startswith("causal_mask was not defined: cell 2, line 6 has a syntax error")
+    assert "no function named" not in mask
+    assert result.gradescope()["output"].splitlines()[1].startswith("SYNTAX ERROR in cell 2, line 6")
+
+
+# ----------------------------------------------------------------------------- links and special files
+@pytest.mark.parametrize("kind", ["link to the solution", "link to /proc/kmsg", "fifo", "proc file", "device",
+                                  "folder"])
+def test_only_regular_files_are_read(tmp_path, kind):
+    path = tmp_path / "01_x.ipynb"
+    if kind == "link to the solution":
+        path.symlink_to(SOLUTION_01)
+    elif kind == "link to /proc/kmsg":
+        path.symlink_to("/proc/kmsg")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path = Path("/proc/self/environ" if kind == "proc file" else "/dev/zero")
+    start = time.monotonic()
+    with pytest.raises(NotRegularFile) as error:
+        read_submission(path)
+    assert time.monotonic() - start < 2
+    assert "only regular files are graded" in str(error.value)
+
+
+def test_an_oversized_file_is_refused_by_its_size(tmp_path):
+    path = tmp_path / "01_big.ipynb"
+    path.write_bytes(b" " * 2048)
+    with pytest.raises(NotebookError, match="refused"):
+        read_submission(path, limit=1024)
+    assert read_submission(path, limit=4096) == b" " * 2048
+
+
+def test_a_class_run_refuses_links_and_special_files_by_name_and_goes_on(tmp_path):
+    """A link to the solution, a link to /proc/kmsg (whose read blocks for ever), a FIFO
+    and a /proc file, among honest classmates: each is named NOT GRADED with the reason in
+    the report and the CSV; the honest ones are graded; the run ends."""
+    needs_sandbox()
+    klass = tmp_path / "class"
+    klass.mkdir()
+    honest = klass / "01_honest.ipynb"
+    honest.write_bytes(SOLUTION_01.read_bytes())
+    (klass / "01_copycat.ipynb").symlink_to(SOLUTION_01)
+    (klass / "01_kmsg.ipynb").symlink_to("/proc/kmsg")
+    os.mkfifo(klass / "01_fifo.ipynb")
+    table = tmp_path / "grades.csv"
+    proc = grade_cli(*sorted(klass.iterdir()), "/proc/self/environ", "--exercise", "01", "--jobs", "2",
+                     "--csv", table, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("NOT GRADED") == 4, proc.stdout
+    assert "symbolic link (to " in proc.stdout and "FIFO" in proc.stdout and "file of /proc" in proc.stdout
+    assert "not graded, left out of the mean (4)" in proc.stdout
+    import csv
+
+    rows = {Path(r["submission"]).name: r for r in csv.DictReader(table.open())}
+    assert rows["01_honest.ipynb"]["score"] != "" and float(rows["01_honest.ipynb"]["max_score"]) == 8
+    for name, words in [("01_copycat.ipynb", "symbolic link"), ("01_kmsg.ipynb", "symbolic link"),
+                        ("01_fifo.ipynb", "FIFO"), ("environ", "/proc")]:
+        assert rows[name]["score"] == "" and rows[name]["checks"].startswith("not graded:"), rows[name]
+        assert words in rows[name]["checks"]
+
+
+# ----------------------------------------------------------------------------- CSV formulas
+@pytest.mark.parametrize("start", ["=", "+", "-", "@", "\t", "\r"])
+def test_csv_cells_never_start_a_formula(start):
+    assert csv_cell(f"{start}HYPERLINK(1)") == f"'{start}HYPERLINK(1)"
+    assert csv_cell("01_ada.ipynb") == "01_ada.ipynb" and csv_cell(8) == "8"
+
+
+def test_a_file_named_as_a_formula_reaches_the_csv_as_text(tmp_path):
+    needs_sandbox()
+    nb = tmp_path / '=HYPERLINK("evil.example";"click").ipynb'
+    nb.write_bytes(SOLUTION_01.read_bytes())
+    proc = grade_cli(nb.name, "--csv", "grades.csv", "--exercise", "01", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    import csv
+
+    rows = list(csv.reader((tmp_path / "grades.csv").open()))
+    assert rows[1][0] == "'" + nb.name
+    assert not any(cell.startswith(("=", "+", "-", "@", "\t", "\r")) for row in rows for cell in row)
+
+
+# ----------------------------------------------------------------------------- without a sandbox
+GRADED_ALIKE = ["fault_nan", "fault_wrong_dtype", "fault_missing_function", "cheat_library_call",
+                "fault_exception", "attack_13_syntax_error"]
+
+
+def test_no_isolation_grades_exactly_as_the_sandbox(tmp_path):
+    """A learner without bubblewrap (--no-isolation): the solution gets what the sandbox
+    gives it (full marks), and each wrong answer loses the same points."""
+    isolation = needs_sandbox()
+    none = Isolation("none")
+    solution = grade_notebook(SOLUTION_01, limits=FAST, seed=21, isolation=none)
+    assert solution.score == solution.max_score == 8, solution.text()
+    for name in GRADED_ALIKE:
+        path = FIXTURES / f"{name}.ipynb"
+        boxed = grade_notebook(path, limits=FAST, seed=22, isolation=isolation)
+        plain = grade_notebook(path, limits=FAST, seed=22, isolation=none)
+        assert [(c.name, c.score) for c in plain.checks] == [(c.name, c.score) for c in boxed.checks], name
+        assert plain.score < plain.max_score, name
+
+
+def test_make_grade_runs_the_venv_grader_without_a_sandbox():
+    proc = subprocess.run(["make", "-n", "grade", "NB=exercises/01_single_head_attention.ipynb"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert ".venv/bin/python -m mhalib.grade --no-isolation \"exercises/01_single_head_attention.ipynb\"" in proc.stdout
+    proc = subprocess.run(["make", "grade", "NB=", "-o", ".venv/.installed"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "name the notebook to grade" in proc.stderr
+
+
+def test_every_protection_claim_names_a_test_that_exists():
+    """docs/instructors.md: every row of the protection table names a test, and every test
+    and fixture the guide names exists."""
+    guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    defined = {m for p in (ROOT / "tests").glob("test_*.py")
+               for m in re.findall(r"^def (test_\w+)", p.read_text(encoding="utf-8"), re.M)}
+    named = set(re.findall(r"::(test_\w+)`", guide))
+    assert len(named) >= 15 and named <= defined, sorted(named - defined)
+    section = guide[guide.index("## What the grader protects against"):guide.index("What each exercise forbids:")]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith(("| attempt", "| ---"))]
+    assert len(rows) >= 15
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert "test_" in cells[-1] or re.search(r"`(fault|cheat)_\w+`", cells[-1]), row
+    fixtures = set(re.findall(r"`((?:fault|cheat|attack)_\w+)`", section))
+    assert fixtures and all((FIXTURES / f"{name}.ipynb").exists() for name in fixtures), fixtures

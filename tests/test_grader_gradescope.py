@@ -135,3 +135,23 @@ def test_cli_results_meet_the_spec(tmp_path):
     data = json.loads((tmp_path / "r.json").read_text())
     assert check_results(data) == [] and data["score"] == 0 and len(data["tests"]) == 3
     assert check_results({"tests": [{"name": "x", "status": "ok"}]}) != []  # the checker can fail
+
+
+def test_the_finished_copy_beats_an_older_draft(tmp_path, source):
+    """JupyterLab's duplicate (-Copy1) holds the finished work, beside an older draft under
+    another name: both are graded, the best is kept, and the output names both."""
+    from mhalib.grade.sandbox import decide
+
+    if not decide(container=True).ok:
+        pytest.skip("no isolation here")
+    submission = tmp_path / "submission"
+    submission.mkdir()
+    (submission / "my_work.ipynb").write_bytes((ROOT / "exercises" / "01_single_head_attention.ipynb").read_bytes())
+    (submission / "01_single_head_attention-Copy1.ipynb").write_bytes(
+        (ROOT / "solutions" / "01_single_head_attention.ipynb").read_bytes())
+    proc = run(source, submission, tmp_path / "results.json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["score"] == sum(t["max_score"] for t in data["tests"]) == 8, data["output"]
+    assert "kept the best: 01_single_head_attention-Copy1.ipynb" in data["output"]
+    assert "my_work.ipynb: 0 / 8" in data["output"] and "01_single_head_attention-Copy1.ipynb: 8 / 8" in data["output"]

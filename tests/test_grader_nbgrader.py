@@ -8,7 +8,7 @@ course's points, the blank zero and a half-right answer what lies between.
 
 nbgrader is not one of the course's packages. The nbgrader test uses the one named by
 ``MHALIB_NBGRADER`` (an ``nbgrader`` executable whose Python also finds ``mhalib``, NumPy
-and torch), else one on PATH; under CI (the variable CI set) it installs nbgrader 0.9.6
+and torch), else the one ``make nbgrader`` installs, else one on PATH; under CI (the variable CI set) it installs nbgrader 0.9.6
 into a virtual environment of its own that sees this one's packages; else it is skipped.
 """
 
@@ -71,7 +71,8 @@ def test_score_gives_partial_credit(capsys):
 
 
 def _nbgrader(tmp_path_factory):
-    named = os.environ.get("MHALIB_NBGRADER") or shutil.which("nbgrader")
+    made = ROOT / ".venv" / "nbgrader" / "bin" / "nbgrader"  # make nbgrader
+    named = os.environ.get("MHALIB_NBGRADER") or (str(made) if made.exists() else shutil.which("nbgrader"))
     if named:
         return named
     if not os.environ.get("CI"):

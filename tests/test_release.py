@@ -210,3 +210,73 @@ def test_exercise_time_matches_its_notebook(solution):
     assert int(stated.group(1)) == _notebook_minutes(lesson)[1], (
         f"solutions/{solution.name} says about {stated.group(1)} minutes; notebooks/{solution.name} sets "
         f"aside {_notebook_minutes(lesson)[1]} for its exercise")
+
+
+# ----------------------------------------------------------------------------- protecting a learner's work
+def _course_copy(tmp_path):
+    for folder in ("solutions", "exercises"):
+        (tmp_path / folder).mkdir()
+    name = "01_single_head_attention.ipynb"
+    (tmp_path / "solutions" / name).write_bytes((ROOT / "solutions" / name).read_bytes())
+    (tmp_path / "exercises" / name).write_bytes((ROOT / "exercises" / name).read_bytes())
+    return tmp_path / "solutions" / name, tmp_path / "exercises" / name
+
+
+def test_make_exercises_never_overwrites_a_changed_exercise(tmp_path, capsys):
+    solution, exercise = _course_copy(tmp_path)
+    work = exercise.read_text(encoding="utf-8").replace("raise NotImplementedError", "return 42  # my work", 1)
+    exercise.write_text(work, encoding="utf-8")
+    assert release.main(["--root", str(tmp_path)]) == 1
+    assert exercise.read_text(encoding="utf-8") == work
+    err = capsys.readouterr().err
+    assert f"kept {exercise}" in err and "--force" in err
+    assert release.main(["--root", str(tmp_path), "--force"]) == 0
+    assert exercise.read_text(encoding="utf-8") == release.render(solution)
+
+
+def test_an_untouched_exercise_follows_its_changed_solution(tmp_path):
+    """In a git checkout: the exercise is what the committed solution generates, then the
+    solution changes: the exercise is regenerated (nobody changed it)."""
+    solution, exercise = _course_copy(tmp_path)
+    git = ["git", "-c", "user.name=course", "-c", "user.email=course@example.org"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "course"]):
+        subprocess.run(git + args, cwd=tmp_path, check=True, capture_output=True)
+    nb = json.loads(solution.read_text(encoding="utf-8"))
+    nb["cells"].insert(0, {"cell_type": "markdown", "metadata": {}, "source": "A new first cell."})
+    solution.write_text(json.dumps(nb), encoding="utf-8")
+    assert release.main(["--root", str(tmp_path)]) == 0
+    assert exercise.read_text(encoding="utf-8") == release.render(solution)
+
+
+# ----------------------------------------------------------------------------- the learners' copy
+def test_student_release_has_no_solutions_and_fresh_exercises(tmp_path):
+    import zipfile
+
+    out = [tmp_path / "a.zip", tmp_path / "b.zip"]
+    for path in out:
+        proc = subprocess.run([sys.executable, str(ROOT / "tools" / "student_release.py"), "--out", str(path)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    assert out[0].read_bytes() == out[1].read_bytes()  # reproducible
+    with zipfile.ZipFile(out[0]) as zf:
+        names = zf.namelist()
+        assert names and all(n.startswith("mha-course/") for n in names)
+        assert not [n for n in names if n.startswith(("mha-course/solutions/", "mha-course/tests/"))]
+        for solution in sorted((ROOT / "solutions").glob("*.ipynb")):
+            text = zf.read(f"mha-course/exercises/{solution.name}").decode("utf-8")
+            assert text == release.render(solution)
+        for name in names:
+            if name.endswith(".ipynb"):
+                text = zf.read(name).decode("utf-8")
+                assert "### BEGIN SOLUTION" not in text and "### BEGIN HIDDEN TESTS" not in text, name
+        assert "mha-course/Makefile" in names and "mha-course/mhalib/grade/grader.py" in names
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "student_release.py"), "--out", "x.tar"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "--out must name a .zip file" in proc.stderr
+
+
+def test_nbgrader_is_installed_by_one_documented_command():
+    proc = subprocess.run(["make", "-n", "nbgrader"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0 and "pip install" in proc.stdout and "nbgrader==0.9.6" in proc.stdout
+    guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    assert "make nbgrader" in guide and ".venv/nbgrader/bin/nbgrader generate_assignment" in guide

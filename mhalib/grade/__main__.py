@@ -76,6 +76,16 @@ def results_json(results):
             "mean_score": mean_score(results)}
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value):
+    """``value`` as a CSV cell a spreadsheet never reads as a formula: text starting with
+    ``= + - @``, a tab or a carriage return gets a leading apostrophe (numbers stay numbers)."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
 def csv_text(results, before=""):
     """``before`` plus one row per submission (and the header when ``before`` is empty)."""
     buf = io.StringIO()
@@ -89,7 +99,7 @@ def csv_text(results, before=""):
         checks = "; ".join(f"{c.name}={c.score:g}/{c.max_score:g}" for c in r.checks)
         scores = [r.exercise, f"{r.score:g}", f"{r.max_score:g}", checks] if r.graded else \
             ["", "", "", f"not graded: {_why_not_graded(r)}"]
-        writer.writerow([r.path, *scores, r.seed, f"{r.seconds:.2f}", r.isolation])
+        writer.writerow([csv_cell(v) for v in (r.path, *scores, r.seed, f"{r.seconds:.2f}", r.isolation)])
     return before + buf.getvalue()
 
 
@@ -106,18 +116,28 @@ def main(argv=None):
     add("--seed", type=int, help="seed for the grading inputs (default: fresh each run)")
     add("--timeout", type=float, default=Limits.call_timeout_s, help="seconds per graded call (default %(default)g)")
     add("--cell-timeout", type=float, default=Limits.cell_timeout_s, help="seconds per cell (default %(default)g)")
+    add("--submission-timeout", type=float, default=Limits.submission_s,
+        help="seconds of wall clock for a whole submission: start, cells and calls (default %(default)g)")
     add("--memory-mb", type=int, default=Limits.memory_mb, help="address space of the child (default %(default)s)")
-    add("--no-isolation", action="store_true", help="run the code as yourself, unsandboxed: only for your own work")
+    add("--no-isolation", action="store_true",
+        help="run the code as yourself, without a sandbox: only for your own notebook (make grade NB=...)")
     add("--quiet", action="store_true", help="print only the totals")
     args = parser.parse_args(argv)
     if not 1 <= args.jobs <= 64:
         parser.error(f"--jobs must be from 1 to 64; got {args.jobs}")
+    for option in ("timeout", "cell_timeout", "submission_timeout"):
+        value = getattr(args, option)
+        if not 0 < value <= 3600:
+            parser.error(f"--{option.replace('_', '-')} must be more than 0 and at most 3600 seconds; got {value:g}")
+    if not 256 <= args.memory_mb <= 1 << 20:
+        parser.error(f"--memory-mb must be from 256 to {1 << 20}; got {args.memory_mb}")
     csv_before = read_existing(args.csv) if args.csv else ""
-    limits = Limits(memory_mb=args.memory_mb, call_timeout_s=args.timeout, cell_timeout_s=args.cell_timeout)
+    limits = Limits(memory_mb=args.memory_mb, call_timeout_s=args.timeout, cell_timeout_s=args.cell_timeout,
+                    submission_s=args.submission_timeout)
     isolation = decide(unisolated=args.no_isolation)
     if not isolation.ok:
-        print(f"grading refused: {isolation.problem}\n(to check your own notebook without a sandbox, "
-              "add --no-isolation)", file=sys.stderr)
+        print(f"grading refused: {isolation.problem}\n(grading a class needs bubblewrap; to grade your own "
+              "notebook without it: make grade NB=your_notebook.ipynb, or add --no-isolation)", file=sys.stderr)
     slots = queue.Queue()
     for slot in range(args.jobs):
         slots.put(slot)

@@ -10,9 +10,14 @@ one printable line and cut short before it reaches a report.
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
+import os
 import secrets
+import stat
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,9 +29,11 @@ from mhalib.grade import exercises as registry
 from mhalib.grade.sandbox import Limits, Sandbox, decide
 from mhalib.grade.spec import explain_error, judge_raised, judge_returned
 
-__all__ = ["CheckResult", "SubmissionResult", "grade_notebook", "load_notebook", "code_cells", "clean"]
+__all__ = ["CheckResult", "SubmissionResult", "grade_notebook", "load_notebook", "read_submission",
+           "NotebookError", "code_cells", "clean"]
 
 MAX_NOTEBOOK_BYTES = 20 << 20
+READ_DEADLINE_S = 10.0  # reading one submission
 SKIP_TAGS = {"self-check", "grader-skip"}
 
 
@@ -58,7 +65,8 @@ class SubmissionResult:
     seed: int | None = None
     seconds: float = 0.0
     isolation: str = ""
-    refused: bool = False  # no isolation could be had: not graded, whatever the exercise
+    refused: bool = False  # no isolation could be had, or not a regular file: not graded
+    syntax_errors: list = field(default_factory=list)  # "cell N, line L: message", reported first
 
     @property
     def graded(self):
@@ -76,6 +84,7 @@ class SubmissionResult:
     def text(self):
         """One line per check, then the total; no line starts with the submission's text."""
         lines = [f"{clean(self.path, 200)}: exercise {self.exercise or '(unknown)'}"]
+        lines += [f"  SYNTAX ERROR in {clean(e, 250)} (that cell did not run; fix it first)" for e in self.syntax_errors]
         width = max([len(c.name) for c in self.checks] + [10])
         for c in self.checks:
             first, *more = c.output.splitlines() or [""]
@@ -91,6 +100,7 @@ class SubmissionResult:
     def gradescope(self):
         """Gradescope's results.json for this submission."""
         head = [f"Exercise: {self.exercise or 'unknown'}" + ("" if self.graded else " (NOT GRADED)"),
+                *[f"SYNTAX ERROR in {e} (that cell did not run; fix it first)" for e in self.syntax_errors],
                 *self.notes, f"Isolation: {self.isolation}"]
         return {"score": self.score if self.graded else 0.0, "execution_time": int(round(self.seconds)),
                 "output": "\n".join(head), "output_format": "text", "test_output_format": "text",
@@ -105,22 +115,103 @@ class NotebookError(Exception):
     pass
 
 
-def load_notebook(path):
-    """The submission as an ``nbformat`` notebook (version 4); :class:`NotebookError` says why not."""
+class NotRegularFile(NotebookError):
+    """A link, a FIFO, a device, a folder or a file of /proc: refused before any read."""
+
+
+def _kind_of(mode):
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+@functools.lru_cache(maxsize=None)
+def _pseudo_filesystems():
+    """Device numbers of /proc, /sys and /dev: their files are never notebooks (reading some
+    blocks for ever)."""
+    found = {}
+    for top in ("/proc", "/sys", "/dev"):
+        try:
+            found[os.stat(top).st_dev] = top
+        except OSError:
+            pass
+    return found
+
+
+def read_submission(path, limit=MAX_NOTEBOOK_BYTES, deadline_s=READ_DEADLINE_S):
+    """The bytes of the submission at ``path``, read only if it is a regular file of at
+    most ``limit`` bytes; :class:`NotebookError` names what it is otherwise.
+
+    The file is opened without following a symbolic link (``O_NOFOLLOW``) and without
+    blocking on a FIFO (``O_NONBLOCK``), checked with ``fstat`` (a regular file, not in
+    /proc, /sys or /dev), then read to at most ``limit`` bytes within ``deadline_s``.
+    """
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            try:
+                target = f" (to {clean(os.readlink(path), 120)})"
+            except OSError:
+                target = ""
+            raise NotRegularFile(f"it is a symbolic link{target}; only regular files are graded: submit the notebook "
+                                "itself, not a link") from None
+        raise NotebookError(f"it cannot be opened ({clean(exc.strerror or exc, 80)})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFile(f"it is {_kind_of(info.st_mode)}; only regular files are graded")
+        if info.st_dev in _pseudo_filesystems():
+            raise NotRegularFile(f"it is a file of {_pseudo_filesystems()[info.st_dev]}, not a notebook; only "
+                                "regular files are graded")
+        if info.st_size > limit:
+            raise NotebookError(f"the file is {info.st_size >> 20} MiB; notebooks over {limit >> 20} MiB are refused")
+        os.set_blocking(fd, True)
+        chunks, box = [], {}
+
+        def read_all():
+            try:
+                total = 0
+                while total <= limit:
+                    chunk = os.read(fd, 1 << 20)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    total += len(chunk)
+            except OSError as exc:
+                box["error"] = exc
+        reader = threading.Thread(target=read_all, daemon=True)
+        reader.start()
+        reader.join(deadline_s)
+        if reader.is_alive():  # the descriptor stays with the thread until its read returns
+            fd = None
+            raise NotebookError(f"reading it took over {deadline_s:g} s; it was left unread")
+        if "error" in box:
+            raise NotebookError(f"it could not be read ({clean(box['error'], 80)})")
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise NotebookError(f"the file is over {limit >> 20} MiB; notebooks over {limit >> 20} MiB are refused")
+        return data
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def load_notebook(path, data=None):
+    """The submission as an ``nbformat`` notebook (version 4); :class:`NotebookError` says why not.
+    ``data``: its bytes, when already read with :func:`read_submission`."""
     if "nbformat" not in sys.modules:
         # jsonschema, which nbformat imports, builds a URI grammar when rfc3987-syntax is
         # installed: a second at start-up, for a format the grader never checks.
         sys.modules.setdefault("rfc3987_syntax", None)
     import nbformat
 
-    path = Path(path)
     try:
-        if not path.is_file():
-            raise NotebookError("it is not a regular file")
-        size = path.stat().st_size
-        if size > MAX_NOTEBOOK_BYTES:
-            raise NotebookError(f"the file is {size >> 20} MiB; notebooks over {MAX_NOTEBOOK_BYTES >> 20} MiB are refused")
-        text = path.read_bytes().decode("utf-8")
+        text = (read_submission(path) if data is None else data).decode("utf-8")
         data = json.loads(text)
         if not isinstance(data, dict) or not any(isinstance(data.get(k), list) for k in ("cells", "worksheets")):
             raise NotebookError("the file is JSON but not a Jupyter notebook (no list of cells)")
@@ -260,25 +351,58 @@ def grade_notebook(path, *, seed=None, limits=None, exercise=None, isolation=Non
 
     ``exercise`` fixes the exercise (the notebook's metadata and name are then ignored);
     ``isolation`` comes from :func:`mhalib.grade.sandbox.decide` (decided here, once per
-    process, when not given).
+    process, when not given). Once the exercise is known every one of its checks is
+    listed with its points, whatever happens.
     """
     start = time.monotonic()
     seed = secrets.randbits(63) if seed is None else int(seed)
     result = SubmissionResult(path=str(path), exercise=None, seed=seed)
+    ex = None
     try:
-        _grade(result, path, limits or Limits(), exercise, isolation or decide(), slot)
+        ex = _grade(result, path, limits or Limits(), exercise, isolation or decide(), slot)
     except Exception as exc:  # noqa: BLE001 - a grader fault must still leave a result
         result.notes.append(f"internal grader error ({type(exc).__name__}: {clean(exc)}); tell your instructor")
-        result.checks = [CheckResult(c.name, 0.0, c.max_score, "not graded: internal grader error")
-                         for c in result.checks]
+    if ex is not None and result.graded:  # every check listed: none silently missing
+        have = {c.name for c in result.checks}
+        result.checks += [CheckResult(g.name, 0.0, float(g.points), "not graded: the grading of this submission "
+                                      "stopped before this function (see the notes)")
+                          for g in ex.graded if g.name not in have]
     result.seconds = time.monotonic() - start
     return result
 
 
+def syntax_errors(cells):
+    """``[(index, line, message)]`` of the cells Python cannot parse, found without running
+    anything (only compiled, in this process)."""
+    from mhalib.grade.worker import python_source
+
+    found = []
+    for index, source in cells:
+        source = python_source(source)
+        if source is None:
+            continue
+        try:
+            compile(source, f"<cell {index}>", "exec", dont_inherit=True)
+        except SyntaxError as exc:  # IndentationError and TabError included
+            found.append((index, exc.lineno, f"{type(exc).__name__}: {clean(exc.msg, 150)}"))
+        except (ValueError, RecursionError, MemoryError, OverflowError) as exc:  # e.g. a NUL byte, deep nesting
+            found.append((index, None, f"{type(exc).__name__}: {clean(exc, 150)}"))
+    return found
+
+
 def _grade(result, path, limits, exercise, isolation, slot):
+    """Fill ``result``; returns the exercise once known (else ``None``)."""
     result.isolation = isolation.describe(isolation.uid(slot))
     try:
-        nb, problem = load_notebook(path), None
+        data, problem = read_submission(path), None
+    except NotRegularFile as exc:  # refused by what it is, before any read: never graded
+        result.refused = True
+        result.notes.append(f"refused before reading: {exc}")
+        return None
+    except NotebookError as exc:
+        data, problem = None, str(exc)
+    try:
+        nb = load_notebook(path, data) if data is not None else None
     except NotebookError as exc:
         nb, problem = None, str(exc)
     ex = registry.get(exercise) if exercise is not None else registry.recognise(nb and nb.get("metadata"), path)[0]
@@ -286,19 +410,23 @@ def _grade(result, path, limits, exercise, isolation, slot):
         result.notes.append(f"unknown exercise {clean(exercise, 60)!r}" if exercise is not None else
                             f"could not grade: {problem}" if problem else "could not tell which exercise this is: "
                             "the notebook metadata has no mhalib.exercise and the file name does not start with its number")
-        return
+        return None
     result.exercise = ex.key
     if not isolation.ok:
         result.refused = True
         result.notes.append(f"not graded: the grader refuses to run student code without isolation "
                             f"({isolation.problem})")
-        return
+        return ex
     if nb is None:
         result.checks = [CheckResult(g.name, 0.0, float(g.points), f"not a readable notebook: {problem}")
                          for g in ex.graded]
-        return
+        return ex
+    cells = code_cells(nb)
+    broken = syntax_errors(cells)
+    result.syntax_errors = [f"cell {index}" + (f", line {line}" if line else "") + f": {message}"
+                            for index, line, message in broken]
     rng = np.random.default_rng(result.seed)
-    sandbox = Sandbox(isolation, code_cells(nb), preload=ex.preload, forbidden=[g.forbidden for g in ex.graded],
+    sandbox = Sandbox(isolation, cells, preload=ex.preload, forbidden=[g.forbidden for g in ex.graded],
                       limits=limits, slot=slot)
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:  # references are computed while the child starts
@@ -307,18 +435,25 @@ def _grade(result, path, limits, exercise, isolation, slot):
             prepared = prepared.result()
         for graded in ex.graded:
             try:
-                result.checks.append(grade_function(sandbox, graded, prepared[graded.name]))
+                check = grade_function(sandbox, graded, prepared[graded.name])
             except Exception as exc:  # noqa: BLE001 - a grader bug must still give a result
-                result.checks.append(CheckResult(graded.name, 0.0, float(graded.points),
-                                                 f"internal grader error ({type(exc).__name__}: {clean(exc)}); "
-                                                 "tell your instructor"))
+                check = CheckResult(graded.name, 0.0, float(graded.points),
+                                    f"internal grader error ({type(exc).__name__}: {clean(exc)}); tell your instructor")
+            if broken and check.score < check.max_score and "was found" in check.output:
+                index, line, message = broken[0]
+                check.output = "\n".join([f"{graded.lookup} was not defined: cell {index}"
+                                           + (f", line {line}" if line else "") + f" has a syntax error ({message}), "
+                                           "so that cell did not run"]
+                                          + [x for x in check.output.splitlines() if "was found" not in x])
+            result.checks.append(check)
     finally:
         sandbox.close()
     result.notes[:0] = [clean(n, 400) for n in sandbox.notes[:5]]
-    errors = [clean(e, 200) for e in sandbox.cell_errors.values()]
+    errors = [clean(e, 200) for i, e in sandbox.cell_errors.items() if i not in {b[0] for b in broken}]
     if errors and any(c.status == "failed" for c in result.checks):
         more = [f"... and {len(errors) - 3} more"] if len(errors) > 3 else []
         result.notes.append("errors while running the notebook: " + "; ".join(errors[:3] + more))
     if sandbox.printed:
         result.notes.append(f"the submission printed {sandbox.printed:,} characters while grading "
                             "(printed output is discarded)")
+    return ex

@@ -6,7 +6,9 @@ exercise is the zip's: a notebook's metadata or name never changes it. Of severa
 uploaded notebooks the one the student meant is graded, and the output says which and
 why: the one named as the exercise's notebook, then one whose name starts with its
 number, then one whose metadata names it; a copy (``-Copy1``, ``(1)``, ``copy``,
-``Untitled``) last. Where no isolation can be had nothing runs and no results are written:
+``Untitled``) last. With several notebooks of the exercise, each is graded (the likeliest
+first, at most ``MAX_GRADED``) and the best score is kept: JupyterLab's ``-Copy1`` may be
+the finished work beside an older draft. The output names every notebook and its score. Where no isolation can be had nothing runs and no results are written:
 Gradescope shows the run as failed, and its log, which instructors see, says why.
 """
 
@@ -32,21 +34,65 @@ def candidates(folder):
         key=lambda p: (len(p.relative_to(folder).parts), p.name))
 
 
+MAX_GRADED = 6  # notebooks of the exercise graded from one upload, the likeliest first
+
+
+def rank(path, exercise):
+    """``(rank, why)``: how likely ``path`` is the notebook the student meant (0 likeliest)."""
+    copy = bool(COPY.search(path.stem))
+    try:
+        meta = (load_notebook(path).get("metadata") or {}).get("mhalib") or {}
+    except Exception:  # noqa: BLE001 - an unreadable notebook ranks by its name only
+        meta = {}
+    meta = meta if isinstance(meta, dict) else {}
+    return ((0, "it is named as the exercise's notebook") if path.name == f"{exercise.key}.ipynb" else
+            (1, f"its name starts with the exercise's number, {exercise.number}")
+            if path.name.startswith(exercise.number) and not copy else
+            (2, "its metadata names this exercise") if meta.get("exercise") == exercise.key and not copy else
+            (3, "it is the first that is not a copy") if not copy else (4, "only copies were uploaded"))
+
+
 def choose(notebooks, exercise):
-    """``(notebook, why)``: the notebook the student meant for ``exercise``."""
-    def rank(path):
-        copy = bool(COPY.search(path.stem))
+    """``(notebook, why)``: by name and metadata alone, the notebook the student meant."""
+    (_, why), _, chosen = min((rank(p, exercise), i, p) for i, p in enumerate(notebooks))
+    return chosen, why
+
+
+def of_exercise(notebooks, exercise):
+    """The uploaded notebooks that are this exercise's by name or metadata (all of them
+    when none is): every one of them is graded, since any may be the finished work."""
+    def named(path):
         try:
             meta = (load_notebook(path).get("metadata") or {}).get("mhalib") or {}
-        except Exception:  # noqa: BLE001 - an unreadable notebook ranks by its name only
+        except Exception:  # noqa: BLE001
             meta = {}
-        return ((0, "it is named as the exercise's notebook") if path.name == f"{exercise.key}.ipynb" else
-                (1, f"its name starts with the exercise's number, {exercise.number}")
-                if path.name.startswith(exercise.number) and not copy else
-                (2, "its metadata names this exercise") if meta.get("exercise") == exercise.key and not copy else
-                (3, "it is the first that is not a copy") if not copy else (4, "only copies were uploaded"))
-    (_, why), _, chosen = min((rank(p), i, p) for i, p in enumerate(notebooks))
-    return chosen, why
+        return (path.name.startswith((exercise.number, exercise.key))
+                or (isinstance(meta, dict) and meta.get("exercise") == exercise.key))
+    return [p for p in notebooks if named(p)] or list(notebooks)
+
+
+def grade_upload(folder, notebooks, exercise, isolation):
+    """Grade every notebook of the exercise uploaded (at most :data:`MAX_GRADED`, the
+    likeliest first) and keep the best score; the output names each and its score, so an
+    older draft is never graded silently in place of the finished work."""
+    pool = of_exercise(notebooks, exercise)
+    ranked = sorted(((rank(p, exercise), i, p) for i, p in enumerate(pool)), key=lambda t: (t[0][0], t[1]))
+    graded = []
+    for _, _, path in ranked[:MAX_GRADED]:
+        result = grade_notebook(path, exercise=exercise.key, isolation=isolation)
+        result.path = str(path.relative_to(folder))
+        graded.append(result)
+    best = max(graded, key=lambda r: (r.graded, r.score))  # on a tie, the likeliest (max keeps the first)
+    if len(notebooks) > 1:
+        names = ", ".join(clean(p.relative_to(folder), 80) for p in notebooks[:10])
+        scores = "; ".join(f"{clean(r.path, 80)}: " + (f"{r.score:g} / {r.max_score:g}" if r.graded else "not graded")
+                           for r in graded)
+        left = len(ranked) - len(graded)
+        best.notes.insert(0, f"{len(notebooks)} notebooks were uploaded ({names}). Graded "
+                             f"{len(graded)} of them as {exercise.key} ({scores})"
+                             + (f", and not the {left} least likely" if left else "")
+                             + f"; kept the best: {clean(best.path, 120)}. Upload only the notebook you want graded.")
+    return best
 
 
 def main(argv=None):
@@ -62,13 +108,7 @@ def main(argv=None):
         return 3
     notebooks = candidates(folder)
     if notebooks:
-        chosen, why = choose(notebooks, exercise)
-        result = grade_notebook(chosen, exercise=exercise.key, isolation=isolation)
-        result.path = str(chosen.relative_to(folder))
-        if len(notebooks) > 1:
-            names = ", ".join(clean(p.relative_to(folder), 80) for p in notebooks[:10])
-            result.notes.insert(0, f"Graded {clean(result.path, 120)} of the {len(notebooks)} notebooks uploaded "
-                                   f"({names}): {why}. Upload only the notebook you want graded.")
+        result = grade_upload(folder, notebooks, exercise, isolation)
     else:
         result = SubmissionResult(path="(nothing)", exercise=exercise.key, isolation=isolation.describe(),
                                   notes=[f"No notebook (.ipynb) was uploaded: upload your {exercise.key}.ipynb."],

@@ -5,6 +5,11 @@ Usage::
     python -m mhalib.grade.release                  # every solutions/*.ipynb
     python -m mhalib.grade.release solutions/01_single_head_attention.ipynb
     python -m mhalib.grade.release --check          # exit 1 if exercises/ is stale
+    python -m mhalib.grade.release --force          # also overwrite exercises someone changed
+
+An exercise is only overwritten when nobody changed it: when it is what this generator
+makes from the solution as it is now, or as it was in the last commit. Anything else (a
+learner's work, a hand edit) is left as it is, named, and the exit status is 1.
 
 ``solutions/NN_topic.ipynb`` becomes ``exercises/NN_topic.ipynb``:
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -158,6 +164,35 @@ def render(solution_path):
     return dumps(release_notebook(nb, name=str(solution_path)))
 
 
+def committed_text(path):
+    """``path`` as the last commit holds it (``None`` outside a git checkout, or when it is new)."""
+    path = Path(path).resolve()
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path.parent, capture_output=True,
+                             text=True, timeout=20)
+        if top.returncode != 0:
+            return None
+        rel = path.relative_to(Path(top.stdout.strip()).resolve()).as_posix()
+        shown = subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=path.parent, capture_output=True, timeout=20)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return shown.stdout.decode("utf-8", "replace") if shown.returncode == 0 else None
+
+
+def untouched(current, text, src):
+    """Whether the exercise ``current`` is one this generator made (from the solution ``src``
+    as it is now, giving ``text``, or as it was in the last commit): nobody has changed it."""
+    if current is None or current == text:
+        return True
+    before = committed_text(src)
+    if before is None:
+        return False
+    try:
+        return current == dumps(release_notebook(json.loads(before), name=str(src)))
+    except (ValueError, ReleaseError):
+        return False
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m mhalib.grade.release",
                                      description="Generate exercises/NN.ipynb from solutions/NN.ipynb.")
@@ -166,13 +201,15 @@ def main(argv=None):
                         help="write nothing; exit 1 if an exercise differs from what would be generated")
     parser.add_argument("--out-dir", help="folder for the exercises (default: exercises/ next to solutions/)")
     parser.add_argument("--root", default=".", help="course root holding solutions/ (default: .)")
+    parser.add_argument("--force", action="store_true",
+                        help="overwrite exercises even when someone changed them (their changes are lost)")
     args = parser.parse_args(argv)
     root = Path(args.root)
     sources = [Path(p) for p in args.solutions] or sorted((root / "solutions").glob("*.ipynb"))
     if not sources:
         print(f"no solution notebooks found under {root / 'solutions'}")
         return 0
-    stale = []
+    stale, kept = [], []
     for src in sources:
         try:
             text = render(src)
@@ -184,6 +221,11 @@ def main(argv=None):
         if args.check and current != text:
             stale.append(dest)
             print(f"{dest}: {'missing' if current is None else 'differs from'} what {src} generates")
+        elif not args.check and current != text and not args.force and not untouched(current, text, src):
+            kept.append(dest)
+            print(f"kept {dest}: it was changed since it was generated (a learner's work, or a hand edit), so it "
+                  f"was not overwritten; copy your work elsewhere first, or pass --force to replace it",
+                  file=sys.stderr)
         elif not args.check and current != text:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(text, encoding="utf-8")
@@ -199,6 +241,10 @@ def main(argv=None):
                 print(f"{orphan}: has no solution notebook in {root / 'solutions'}")
     if stale:
         print(f"{len(stale)} exercise notebook(s) out of date; run: python -m mhalib.grade.release")
+        return 1
+    if kept:
+        print(f"{len(kept)} changed exercise notebook(s) left as they were: {', '.join(map(str, kept))}",
+              file=sys.stderr)
         return 1
     if args.check:
         print(f"{len(sources)} exercise notebook(s) match their solutions")

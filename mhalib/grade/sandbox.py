@@ -59,6 +59,7 @@ class Limits:
     cell_timeout_s: float = 60.0  # wall clock per notebook cell
     start_timeout_s: float = 60.0  # wall clock to start the child (torch included)
     notebook_budget_s: float = 300.0  # wall clock for running the cells, restarts included
+    submission_s: float = 30.0  # wall clock for the whole submission: start, cells and every call
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Isolation:
     kind: str
     problem: str = ""
     tmp_size: bool = True  # bubblewrap caps the size of /tmp (0.8 and later)
+    userns: bool = False  # bubblewrap in a user namespace (an ordinary user): the child is uid 65534
 
     @property
     def ok(self):
@@ -99,9 +101,14 @@ class Isolation:
             return f"none: the submission ran as {pwd.getpwuid(os.getuid()).pw_name}, unprotected (--no-isolation)"
         return f"none available: {self.problem}"
 
+    @property
+    def as_root(self):
+        """bubblewrap started by root, without a user namespace: a uid of its own per job."""
+        return self.kind == "bubblewrap" and os.geteuid() == 0 and not self.userns
+
     def uid(self, slot):
         if self.kind == "bubblewrap":
-            return UID_BASE + 100 * (os.getpid() % 10**6) + slot % 100 if os.geteuid() == 0 else NOBODY
+            return UID_BASE + 100 * (os.getpid() % 10**6) + slot % 100 if self.as_root else NOBODY
         return NOBODY if self.kind == "unprivileged user" else None
 
     def command(self, config, limits, slot, workdir):
@@ -110,7 +117,7 @@ class Isolation:
         exe, prefix = exe if os.path.exists(exe) else os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix)
         sites = list(dict.fromkeys(os.path.realpath(p) for p in sys.path if os.path.isdir(p)
                                    and os.path.basename(p) in ("site-packages", "dist-packages")))
-        uid, root = self.uid(slot), os.geteuid() == 0
+        uid, root = self.uid(slot), self.as_root
         env = {"HOME": workdir, "TMPDIR": workdir, "MPLCONFIGDIR": workdir, "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin",
                "USER": "student", "LOGNAME": "student", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
                "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "TQDM_DISABLE": "1"}
@@ -122,8 +129,12 @@ class Isolation:
             extra = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
             return python + [json.dumps(config)], dict(env=env, cwd=workdir, **extra)
         config.update(path=[f"/site/{i}" for i in range(len(sites))], uid=uid if root else None)
-        argv = [shutil.which("bwrap") or "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-                "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
+        bwrap = shutil.which("bwrap") or "bwrap"
+        # The child is PID 1 of its namespace where bubblewrap allows it (--as-pid-1): no
+        # process of bubblewrap's is then visible in /proc to read or write.
+        argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
+                *(["--as-pid-1"] if _bwrap_has("--as-pid-1") else [])]
         argv += (["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if root  # drops itself
                  else ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)])
         argv += ["--ro-bind", "/usr", "/usr"]
@@ -132,7 +143,7 @@ class Isolation:
                      ["--ro-bind", top, top] if os.path.isdir(top) else [])
         argv += [x for p in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d") if os.path.exists(p)
                  for x in ("--ro-bind", p, p)]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]  # --perms: for the /tmp below
         argv += (["--size", str(limits.file_mb << 20)] if self.tmp_size else []) + ["--tmpfs", "/tmp"]
         if not prefix.startswith("/usr/"):
             parts = prefix.strip("/").split("/")
@@ -145,9 +156,27 @@ class Isolation:
             argv += ["--ro-bind", site, f"/site/{i}"]
             if os.path.isdir(os.path.join(site, "mhalib")):  # an installed course package: hidden
                 argv += ["--tmpfs", f"/site/{i}/mhalib"]
+        # Read-only from here: the sandbox's own root and /dev (both writable tmpfs for the
+        # child in a user namespace otherwise, and not size-capped); /tmp stays the one
+        # writable place, of its capped size.
+        argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
         for key, value in dict(env, HOME="/tmp", TMPDIR="/tmp", MPLCONFIGDIR="/tmp").items():
             argv += ["--setenv", key, value]
-        return argv + ["--chdir", "/tmp", "--"] + python + [json.dumps(config)], dict(cwd="/")
+        # bubblewrap itself starts with an empty environment too: nothing of the grader's
+        # (tokens, paths) is in any process of the sandbox, not even in /proc/N/environ.
+        return (argv + ["--chdir", "/tmp", "--"] + python + [json.dumps(config)],
+                dict(cwd="/", env={"PATH": "/usr/bin:/bin"}))
+
+
+@functools.lru_cache(maxsize=None)
+def _bwrap_has(option):
+    """Whether this bubblewrap knows ``option`` (from ``bwrap --help``)."""
+    try:
+        out = subprocess.run([shutil.which("bwrap") or "bwrap", "--help"], capture_output=True, text=True,
+                             timeout=10, env={"PATH": "/usr/bin:/bin"})
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return option in out.stdout + out.stderr
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,11 +194,12 @@ def decide(unisolated=False, container=False):
         return Isolation("none")
     problems = []
     if shutil.which("bwrap"):
-        problem = _probe(Isolation("bubblewrap"))
-        if "--size" in problem and not _probe(Isolation("bubblewrap", tmp_size=False)):
-            return Isolation("bubblewrap", tmp_size=False)  # bubblewrap before 0.8
+        userns = os.geteuid() != 0
+        problem = _probe(Isolation("bubblewrap", userns=userns))
+        if "--size" in problem and not _probe(Isolation("bubblewrap", tmp_size=False, userns=userns)):
+            return Isolation("bubblewrap", tmp_size=False, userns=userns)  # bubblewrap before 0.8
         if not problem:
-            return Isolation("bubblewrap")
+            return Isolation("bubblewrap", userns=userns)
         problems.append(f"bubblewrap does not run here ({problem})")
     else:
         problems.append("bubblewrap is not installed (Debian and Ubuntu: apt-get install bubblewrap)")
@@ -208,6 +238,15 @@ class Sandbox:
         self.proc = self.workdir = self.uid = self._budget_end = None
         self.skip, self.cell_errors, self.notes = set(), {}, []
         self.starts, self.printed, self.failure = 0, 0, ""
+        self.deadline = None  # the whole submission's wall clock (Limits.submission_s), from start()
+
+    def _left(self, timeout):
+        """``timeout``, cut to what is left of the submission's wall clock."""
+        return timeout if self.deadline is None else max(0.0, min(timeout, self.deadline - time.monotonic()))
+
+    @property
+    def out_of_time(self):
+        return self.deadline is not None and time.monotonic() >= self.deadline
 
     def spawn(self):
         """Start the child: ``""`` when it is ready as it should be, else the reason (killed)."""
@@ -222,7 +261,7 @@ class Sandbox:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          start_new_session=True, **extra)
             os.set_blocking(self.proc.stdin.fileno(), False)
-            head, _ = worker.recv(self.proc.stdout.fileno(), time.monotonic() + self.limits.start_timeout_s)
+            head, _ = worker.recv(self.proc.stdout.fileno(), time.monotonic() + self._left(self.limits.start_timeout_s))
         except (OSError, subprocess.SubprocessError, worker.ProtocolError) as exc:
             said, proc = "", self.proc
             if proc is not None:
@@ -232,14 +271,16 @@ class Sandbox:
                 except (OSError, ValueError, subprocess.SubprocessError):
                     pass
             self.failure = ("the child could not drop its privileges" if proc and proc.returncode == worker.DENIED_EXIT
-                            else f"the child did not start within {self.limits.start_timeout_s:g} s"
+                            else f"the child did not start within {self._left(self.limits.start_timeout_s) or self.limits.start_timeout_s:g} s"
                             if isinstance(exc, worker.Timeout) else
                             (said.splitlines()[-1] if said else f"{type(exc).__name__}: {exc}")[:300])
         else:
             expected = uid if uid is not None else os.getuid()
             self.failure = ("" if head.get("op") == "ready" and head.get("uid") == head.get("euid") == expected else
                             f"the child started as uid {head.get('uid')!r}, not {expected}")
-            if not self.failure and head.get("sees"):
+            if not self.failure and head.get("sees") and self.isolation.kind != "none":
+                # without isolation the course is readable, as in the learner's own Jupyter;
+                # the worker's import guard still gives graded code no mhalib
                 self.failure = f"the child can read {', '.join(map(str, head['sees']))}"
             self.uid = expected
         if self.failure:
@@ -248,7 +289,13 @@ class Sandbox:
 
     def start(self):
         """(Re)start the child and run the cells; a cell that hangs or kills it is skipped."""
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.limits.submission_s
         while self.starts < self.MAX_STARTS:
+            if self.out_of_time:
+                self.failure = f"the submission used up its {self.limits.submission_s:g} s of wall-clock time"
+                self.starts = self.MAX_STARTS
+                return self
             problem = self.spawn()
             if problem:  # not the submission's doing (no learner code ran): never tried again
                 self.notes.append(f"the grading process could not start: {problem}")
@@ -258,10 +305,10 @@ class Sandbox:
             for index, source in self.cells:
                 if index in self.skip:
                     continue
-                if time.monotonic() > self._budget_end:
+                if time.monotonic() > self._budget_end or self.out_of_time:
                     self.skip.add(index)
                     self.notes.append(f"cell {index} was not run: the notebook used up its "
-                                      f"{self.limits.notebook_budget_s:g} s")
+                                      f"{min(self.limits.notebook_budget_s, self.limits.submission_s):g} s")
                     continue
                 reply = self._request({"op": "exec", "source": source, "index": index}, (), self.limits.cell_timeout_s)
                 if reply is None:  # it hung or killed the process: skipped from now on
@@ -313,17 +360,23 @@ class Sandbox:
         if not self.alive:
             self.failure = "could not run: the grading process had stopped"
             return None
-        deadline = time.monotonic() + timeout
+        cut = self._left(timeout)
+        deadline = time.monotonic() + cut
         try:
             worker.send(self.proc.stdin.fileno(), header, arrays, deadline=deadline)
             reply = worker.recv(self.proc.stdout.fileno(), deadline)
-            self.printed += max(0, int(reply[0].get("printed", 0) or 0))
+            printed = reply[0].get("printed", 0)
+            if type(printed) is not int or not 0 <= printed < 1 << 50:
+                raise worker.ProtocolError(f"a reply whose printed count is {str(printed)[:30]}")
+            self.printed += printed
             return reply
         except worker.Timeout:
-            self.failure = f"did not finish within {timeout:g} s"
+            self.failure = (f"did not finish within {timeout:g} s" if cut >= timeout else
+                            f"did not finish: the submission used up its {self.limits.submission_s:g} s of "
+                            "wall-clock time")
         except worker.Closed:
             self.failure = self._death()
-        except (worker.ProtocolError, OSError, ValueError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a forged or overflowing reply: the child's fault, never ours
             self.failure = f"sent back something the grader cannot read ({str(exc)[:100]})"
         self.kill()
         return None
@@ -346,6 +399,9 @@ class Sandbox:
             self.start()
         if not self.alive:
             return CallOutcome("not_started", message=f"{name} could not run: {self.failure}")
+        if self.out_of_time:
+            return CallOutcome("timeout", message=f"{name} was not run: the submission used up its "
+                               f"{self.limits.submission_s:g} s of wall-clock time")
         arrays = []
         header = {"op": "call", "adapter": adapter, "name": name, "params": params, "forbidden": list(forbidden),
                   "args": [encode(a, arrays) for a in args], "kwargs": {k: encode(v, arrays) for k, v in kwargs.items()}}
@@ -363,7 +419,7 @@ class Sandbox:
                 return CallOutcome(head["status"], message=str(head.get("message", "")),
                                    where=str(head.get("where", "")), hits=[str(h) for h in head.get("hits", [])][:10],
                                    kinds=[str(k) for k in head.get("kinds", [])][:12])
-        except (worker.ProtocolError, TypeError, ValueError, AttributeError):
+        except Exception:  # noqa: BLE001 - whatever a forged reply holds, it is unreadable, not our error
             pass
         self.kill()
         return CallOutcome("bad_reply", message=f"{name}: the grading process sent back something unreadable")

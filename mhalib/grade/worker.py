@@ -108,11 +108,24 @@ class _Reader:
         return self.read(n)
 
 
+def _no_constant(name):
+    raise ValueError(f"{name} is not plain JSON")
+
+
+def _finite_float(text):
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:30]} overflows")
+    return value
+
+
 def recv(fd, deadline=None, max_header=MAX_HEADER):
-    """Read one message: ``(header, arrays)``; raises :class:`ProtocolError` (or a subclass)."""
+    """Read one message: ``(header, arrays)``; raises :class:`ProtocolError` (or a subclass).
+    Only plain JSON is read: ``NaN``, ``Infinity`` and numbers that overflow a float are
+    refused (a non-finite float travels as the string "nan", "inf" or "-inf")."""
     reader = _Reader(fd, deadline)
     try:
-        header = json.loads(reader.frame(max_header))
+        header = json.loads(reader.frame(max_header), parse_constant=_no_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, or nested too deeply
         raise ProtocolError(f"a malformed header ({type(exc).__name__})") from None
     n = header.get("n_arrays") if isinstance(header, dict) else None
@@ -513,6 +526,11 @@ def run_cell(ns, source, index):
         return None
     try:
         code = compile(source, f"<cell {index}>", "exec")
+    except SyntaxError as exc:
+        return f"cell {index}, line {exc.lineno}: {type(exc).__name__}: {exc.msg}"
+    except BaseException as exc:  # noqa: BLE001 - e.g. a NUL byte in the source
+        return f"cell {index}: {describe(exc)}"
+    try:
         exec(code, ns)  # noqa: S102 - this process exists to run the learner's code
     except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt included
         return f"{where(exc.__traceback__) or f'cell {index}'}: {describe(exc)}"
@@ -554,7 +572,8 @@ def _confine(config):
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
-        ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+        if sys.platform.startswith("linux"):  # elsewhere (a learner's own Mac) there is no prctl
+            ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
         if uid is not None and (os.getresuid() != (uid,) * 3 or os.getresgid() != (gid,) * 3 or _regains_root()):
             raise PermissionError("the user did not change for good")
     except (OSError, ValueError, AttributeError):
