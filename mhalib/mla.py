@@ -1,0 +1,244 @@
+"""Multi-head latent attention (MLA; DeepSeek-AI 2024, *DeepSeek-V2*; used again in DeepSeek-V3).
+
+Keys and values are not cached per head. Each token's input is projected **down** to one
+latent vector ``c_kv`` of ``kv_lora_rank`` numbers (normalised by an RMSNorm), and every
+head's key and value are projected **up** from it. Rotary positions cannot live in the latent
+(a rotation between the two projections would stop the up-projection from being folded into
+the query), so a small extra key of ``qk_rope_head_dim`` numbers, shared by all heads, carries
+them. The cache holds ``kv_lora_rank + qk_rope_head_dim`` numbers per token and layer.
+
+At decode time the up-projections need not run at all ("absorbed" form): the key
+up-projection folds into the query (``q . (W_uk c) = (W_uk^T q) . c``) and the value
+up-projection into the output (``sum_t w_t W_uv c_t = W_uv sum_t w_t c_t``), so attention reads
+the latents directly. :meth:`MultiHeadLatentAttention.forward` computes both forms.
+
+The attribute names are Hugging Face's ``DeepseekV3Attention``'s (``q_proj`` or ``q_a_proj``,
+``q_a_layernorm``, ``q_b_proj``; ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``;
+``o_proj``), and so are the configuration's (``q_lora_rank``, ``kv_lora_rank``,
+``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``): a state dict with those keys loads
+strictly. Rotary positions use the ``half`` pairing (:mod:`mhalib.rope`).
+
+Shapes: B batch, N new tokens, T cached tokens, H heads, r = kv_lora_rank, d_nope, d_rope, d_v.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from mhalib.rope import apply_rope
+
+__all__ = ["RMSNorm", "MultiHeadLatentAttention", "MLACache", "mla_cache_bytes", "DEEPSEEK_V3"]
+
+# Published configuration: the model's config.json on its model card.
+DEEPSEEK_V3 = dict(
+    num_layers=61, num_heads=128, d_model=7168, q_lora_rank=1536, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+    source="config.json of deepseek-ai/DeepSeek-V3 on its model card (num_hidden_layers 61, "
+           "num_attention_heads 128, hidden_size 7168, q_lora_rank 1536, kv_lora_rank 512, "
+           "qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128)",
+)
+
+
+def _positive_int(value, name, *, allow_zero=False):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer; got {value!r}")
+    if value < (0 if allow_zero else 1):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '>= 1'}; got {name}={value}")
+    return int(value)
+
+
+def mla_cache_bytes(num_layers, kv_lora_rank, qk_rope_head_dim, num_tokens=1, batch_size=1, bytes_per_element=2):
+    """Bytes of an MLA cache: ``(kv_lora_rank + qk_rope_head_dim)`` numbers per token and layer.
+
+    One latent and one shared rotary key per token; no factor 2 (keys and values share the
+    latent) and no factor of heads. DeepSeek-V3 (61 layers, 512 + 64) in bf16:
+    ``mla_cache_bytes(61, 512, 64) == 70_272`` bytes per token.
+
+    Returns:
+        ``int``.
+    """
+    parts = [_positive_int(num_layers, "num_layers"), _positive_int(kv_lora_rank, "kv_lora_rank"),
+             _positive_int(qk_rope_head_dim, "qk_rope_head_dim", allow_zero=True),
+             _positive_int(num_tokens, "num_tokens", allow_zero=True), _positive_int(batch_size, "batch_size"),
+             _positive_int(bytes_per_element, "bytes_per_element")]
+    layers, rank, rope, tokens, batch, size = parts
+    return layers * (rank + rope) * tokens * batch * size
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis, in float32 at least (as Hugging Face's).
+
+    Attributes:
+        weight: ``(dim,)``, ones at first.
+    """
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(_positive_int(dim, "dim")))
+        self.eps = float(eps)
+
+    def forward(self, x):
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # fp16/bf16 -> fp32; fp64 stays
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., dim)
+        return self.weight * x32.to(x.dtype)
+
+
+class MLACache:
+    """What MLA caches per layer: the normalised latent and the rotated shared key, per token.
+
+    Attributes:
+        latent: ``(B, T, kv_lora_rank)``; rope_key: ``(B, T, qk_rope_head_dim)`` (``None`` while empty).
+    """
+
+    def __init__(self):
+        self.latent = self.rope_key = None
+
+    def __len__(self):
+        return 0 if self.latent is None else self.latent.shape[1]
+
+    def __repr__(self):
+        shape = None if self.latent is None else (tuple(self.latent.shape), tuple(self.rope_key.shape))
+        return f"MLACache(tokens={len(self)}, shapes={shape}, nbytes={self.nbytes})"
+
+    def append(self, latent, rope_key):
+        """Append ``(B, N, r)`` and ``(B, N, d_rope)``; return everything cached so far."""
+        if latent.dim() != 3 or rope_key.dim() != 3 or latent.shape[:2] != rope_key.shape[:2]:
+            raise ValueError(f"latent must be (B, N, r) and rope_key (B, N, d_rope); got "
+                             f"{tuple(latent.shape)} and {tuple(rope_key.shape)}")
+        if self.latent is None:
+            self.latent, self.rope_key = latent, rope_key
+        else:
+            self.latent = torch.cat([self.latent, latent], dim=1)  # (B, T + N, r)
+            self.rope_key = torch.cat([self.rope_key, rope_key], dim=1)  # (B, T + N, d_rope)
+        return self.latent, self.rope_key
+
+    @property
+    def nbytes(self):
+        """Bytes held: what :func:`mla_cache_bytes` predicts for one layer."""
+        if self.latent is None:
+            return 0
+        return self.latent.numel() * self.latent.element_size() + self.rope_key.numel() * self.rope_key.element_size()
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """Multi-head latent attention with Hugging Face's DeepSeek-V3 names.
+
+    Args:
+        d_model: width of the input (``hidden_size``).
+        num_heads: H.
+        kv_lora_rank: r, the width of the cached latent.
+        qk_nope_head_dim: the part of each query/key head without positions (from the latent).
+        qk_rope_head_dim: the rotated part; the key's is shared by all heads.
+        v_head_dim: each head's value width.
+        q_lora_rank: ``None`` for one ``q_proj``; else queries go through a latent of this width too
+            (``q_a_proj``, ``q_a_layernorm``, ``q_b_proj``).
+        rope_base: base of the rotary frequencies.
+
+    Attributes:
+        q_proj ``(H * (d_nope + d_rope), d_model)`` or q_a_proj ``(q_lora_rank, d_model)``,
+        q_a_layernorm, q_b_proj ``(H * (d_nope + d_rope), q_lora_rank)``;
+        kv_a_proj_with_mqa ``(r + d_rope, d_model)``; kv_a_layernorm ``RMSNorm(r)``;
+        kv_b_proj ``(H * (d_nope + d_v), r)``; o_proj ``(d_model, H * d_v)``. No biases.
+    """
+
+    def __init__(self, d_model, num_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim,
+                 q_lora_rank=None, rope_base=10000.0):
+        super().__init__()
+        self.d_model = _positive_int(d_model, "d_model")
+        self.num_heads = _positive_int(num_heads, "num_heads")
+        self.kv_lora_rank = _positive_int(kv_lora_rank, "kv_lora_rank")
+        self.qk_nope_head_dim = _positive_int(qk_nope_head_dim, "qk_nope_head_dim")
+        self.qk_rope_head_dim = _positive_int(qk_rope_head_dim, "qk_rope_head_dim")
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim must be even (RoPE rotates pairs); got {qk_rope_head_dim}")
+        self.v_head_dim = _positive_int(v_head_dim, "v_head_dim")
+        self.q_lora_rank = None if q_lora_rank is None else _positive_int(q_lora_rank, "q_lora_rank")
+        self.qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
+        self.rope_base = float(rope_base)
+        h = self.num_heads
+        if self.q_lora_rank is None:
+            self.q_proj = nn.Linear(self.d_model, h * self.qk_head_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(self.d_model, self.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank)
+            self.q_b_proj = nn.Linear(self.q_lora_rank, h * self.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(self.d_model, self.kv_lora_rank + self.qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank)
+        self.kv_b_proj = nn.Linear(self.kv_lora_rank, h * (self.qk_nope_head_dim + self.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(h * self.v_head_dim, self.d_model, bias=False)
+
+    def extra_repr(self):
+        return (f"d_model={self.d_model}, num_heads={self.num_heads}, q_lora_rank={self.q_lora_rank}, "
+                f"kv_lora_rank={self.kv_lora_rank}, qk_nope_head_dim={self.qk_nope_head_dim}, "
+                f"qk_rope_head_dim={self.qk_rope_head_dim}, v_head_dim={self.v_head_dim}")
+
+    def queries(self, x, positions):
+        """``x (B, N, d_model)`` -> ``q_nope (B, H, N, d_nope)``, ``q_rope (B, H, N, d_rope)`` (rotated)."""
+        b, n, _ = x.shape
+        q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(b, n, self.num_heads, self.qk_head_dim).transpose(1, 2)  # (B, H, N, d_nope + d_rope)
+        q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        return q_nope, apply_rope(q_rope, positions, self.rope_base)  # (B, H, N, d_nope), (B, H, N, d_rope)
+
+    def latents(self, x, positions):
+        """``x (B, N, d_model)`` -> what is cached: ``latent (B, N, r)`` (normalised), ``rope_key (B, N, d_rope)`` (rotated)."""
+        c, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        return self.kv_a_layernorm(c), apply_rope(k_rope, positions, self.rope_base)  # (B, N, r), (B, N, d_rope)
+
+    def up_projections(self):
+        """``(W_uk, W_uv)``: ``(H, d_nope, r)`` and ``(H, d_v, r)``, the heads' rows of ``kv_b_proj``."""
+        w = self.kv_b_proj.weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
+        return w[:, : self.qk_nope_head_dim], w[:, self.qk_nope_head_dim:]  # (H, d_nope, r), (H, d_v, r)
+
+    def forward(self, x, *, causal=True, cache=None, absorb=False, need_weights=False):
+        """Attention of the N tokens of ``x`` over themselves and the cache.
+
+        Args:
+            x: ``(B, N, d_model)``; positions continue from ``len(cache)``.
+            causal: bottom-right aligned causal mask.
+            cache: optional :class:`MLACache`, appended to.
+            absorb: compute scores and outputs on the latents (the up-projections folded into
+                the query and the output); equal to the plain form, which first rebuilds every
+                head's keys and values.
+            need_weights: also return the weights ``(B, H, N, T + N)``.
+
+        Returns:
+            ``(B, N, d_model)``, or ``(out, weights)``.
+        """
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be a tensor (B, N, d_model={self.d_model}); got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        b, n, _ = x.shape
+        start = 0 if cache is None else len(cache)
+        positions = np.arange(start, start + n)  # (N,)
+        q_nope, q_rope = self.queries(x, positions)  # (B, H, N, d_nope), (B, H, N, d_rope)
+        latent, k_rope = self.latents(x, positions)  # (B, N, r), (B, N, d_rope)
+        if cache is not None:
+            latent, k_rope = cache.append(latent, k_rope)  # (B, T + N, r), (B, T + N, d_rope)
+        t = latent.shape[1]
+        scale = 1.0 / math.sqrt(self.qk_head_dim)
+        rope_scores = q_rope @ k_rope[:, None].transpose(-1, -2)  # (B, H, N, T + N): the shared key
+        w_uk, w_uv = self.up_projections()  # (H, d_nope, r), (H, d_v, r)
+        if absorb:
+            q_latent = torch.einsum("bhnd,hdr->bhnr", q_nope, w_uk)  # (B, H, N, r): W_uk folded into q
+            scores = q_latent @ latent[:, None].transpose(-1, -2)  # (B, H, N, T + N)
+        else:
+            kv = self.kv_b_proj(latent).view(b, t, self.num_heads, -1).transpose(1, 2)  # (B, H, T + N, d_nope + d_v)
+            k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)  # (B, H, T + N, .) each
+            scores = q_nope @ k_nope.transpose(-1, -2)  # (B, H, N, T + N)
+        scores = (scores + rope_scores) * scale  # (B, H, N, T + N)
+        if causal:
+            allowed = torch.ones(n, t, dtype=torch.bool, device=x.device).tril(diagonal=t - n)  # (N, T + N)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)  # (B, H, N, T + N)
+        if absorb:
+            z_latent = weights @ latent[:, None]  # (B, H, N, r): mix the latents first
+            z = torch.einsum("bhnr,hvr->bhnv", z_latent, w_uv)  # (B, H, N, d_v): W_uv after the sum
+        else:
+            z = weights @ v  # (B, H, N, d_v)
+        out = self.o_proj(z.transpose(1, 2).reshape(b, n, self.num_heads * self.v_head_dim))  # (B, N, d_model)
+        return (out, weights) if need_weights else out
