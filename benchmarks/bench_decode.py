@@ -5,34 +5,44 @@ speed is set by how many bytes the cache holds: g key/value heads instead of H s
 make a step about H / g times faster, until compute becomes the limit (on a CPU, MQA
 reaches that floor well before H / g = 32).
 
-Three ways to attend with g < H key/value heads:
+Four ways to attend with g < H key/value heads:
 
 * ``grouped_attention`` (mhalib): the H / g query heads of a group stacked as rows,
   multiplied against the group's un-repeated K and V;
+* ``fused_decode`` (mhalib, Numba): one pass over each K/V head's rows for all the
+  queries of its group, an online softmax per key block, blocks shared out over the
+  cores and merged by their log-sum-exp (``mhalib/fused_decode.py``);
 * ``F.scaled_dot_product_attention(..., enable_gqa=True)`` (PyTorch >= 2.5);
 * ``repeat_kv`` then SDPA: materialise H key/value heads first (copies the cache).
 
-Reported: the best of several interleaved rounds for each; the bandwidth it reaches, as
-a fraction of a streaming read (a sum) of the same K and V bytes timed in the same
-rounds; its speedup over the same method's MHA; and the byte ratio H / g (the ideal
-speedup of a memory-bound step). Caches are flushed between calls by writing a buffer
-larger than the last-level cache.
+Reported: the processor and the BLAS torch uses; the best of several interleaved rounds
+for each method; the bandwidth it reaches, as a fraction of a streaming read of the same
+K and V bytes timed in the same rounds (the faster of NumPy's ``sum`` and a Numba read
+that sums K and V row by row, as the fused kernel reads them); its speedup over the same
+method's MHA; and the byte ratio H / g (the ideal speedup of a memory-bound step). Caches
+are flushed between calls by writing a buffer larger than the last-level cache. Numba's
+first-call compilation (or loading of its cached machine code) is timed apart and kept
+out of the rounds.
 
 ``--variants`` times other ways to write the shared-K/V product (one product over all
 keys, keys as rows, every block in one batched product, per-block softmaxes merged by
 their log-sum-exp, one matrix-vector product per query head), each checked against SDPA
 first, so that a choice of formulation is a measurement on the machine at hand.
+``--fused-blocks`` times ``fused_decode`` with several key-block sizes instead.
 ``--device cuda`` runs the same on a GPU, where SDPA's fused kernels are the reference.
 
 Usage: python benchmarks/bench_decode.py [--tokens N] [--repeat R] [--threads T]
-       [--variants] [--device cpu|cuda]
-(without --threads: once with every thread torch uses, then once with one thread)
+       [--variants] [--fused-blocks] [--device cpu|cuda]
+(without --threads: once with every thread torch uses, then once with one thread; the
+thread count applies to torch and to Numba alike)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
+import platform
 import sys
 import time
 from pathlib import Path
@@ -43,11 +53,58 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median_time, print_table  # noqa: E402
 
+from mhalib import fused_decode  # noqa: E402  (imports NumPy only; Numba on first call)
 from mhalib.attention import KEY_BLOCK, grouped_attention, repeat_kv  # noqa: E402
 
 FLUSH_BYTES = 256 * 2**20  # larger than any last-level cache this runs on
-#: The reference: a streaming read (a sum) of the same K and V bytes, timed in the same rounds.
+#: The reference: a streaming read of the same K and V bytes, timed in the same rounds
+#: (the faster of the two reads below, per g and thread count).
 READ = "streaming read of K and V"
+NUMPY_READ = "read: NumPy sum"
+NUMBA_READ = "read: Numba rows"
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+FUSED = "mhalib fused_decode (Numba)"
+
+
+def processor():
+    """The processor's name, from /proc/cpuinfo where there is one."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def blas():
+    """The BLAS torch was built with, as its build configuration names it."""
+    config = torch.__config__.show()
+    names = [name for name in ("MKL", "OpenBLAS", "Accelerate", "BLIS") if f"BLAS_INFO={name.lower()}" in config
+             or f"BLAS_INFO={name}" in config]
+    mkl = torch.backends.mkl.is_available()
+    dnn = torch.backends.mkldnn.is_available()
+    return (f"{names[0] if names else 'BLAS unnamed in torch.__config__'}; MKL available: {mkl}, "
+            f"oneDNN (mkldnn) available: {dnn}")
+
+
+def set_threads(threads):
+    """Use ``threads`` threads in torch and in Numba (as many as Numba has, at most)."""
+    torch.set_num_threads(threads)
+    if HAVE_NUMBA:
+        import numba
+
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def compile_seconds():
+    """Seconds of Numba's first call: compiling the kernels, or loading them from its cache."""
+    start = time.perf_counter()
+    q, k = torch.zeros(1, 2, 1, 8), torch.zeros(1, 1, 3, 8)
+    fused_decode.fused_decode(q, k, k)
+    fused_decode.streaming_read(k, k)
+    return time.perf_counter() - start
 
 
 def make_flush(nbytes=FLUSH_BYTES, device="cpu"):
@@ -66,8 +123,10 @@ def make_sync(device):
 
 
 def methods():
+    fused = {FUSED: lambda q, k, v: fused_decode.fused_decode(q, k, v)} if HAVE_NUMBA else {}
     return {
         "mhalib grouped_attention": lambda q, k, v: grouped_attention(q, k, v),
+        **fused,
         "SDPA enable_gqa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
         "repeat_kv + SDPA": lambda q, k, v: F.scaled_dot_product_attention(
             q, repeat_kv(k, q.shape[1] // k.shape[1]), repeat_kv(v, q.shape[1] // k.shape[1])),
@@ -144,6 +203,12 @@ def per_head_vectors(q, k, v):
     return torch.stack(outs, dim=1)  # (B, H, 1, d)
 
 
+def fused_blocks(sizes=(128, 512, 2048, 8192)):
+    """``fused_decode`` with several key-block sizes (``--fused-blocks``)."""
+    return {f"fused_decode, block {size}": (lambda size: lambda q, k, v: fused_decode.fused_decode(
+        q, k, v, block=size))(size) for size in sizes}
+
+
 def variants():
     return {
         "mhalib grouped_attention": lambda q, k, v: grouped_attention(q, k, v),
@@ -180,7 +245,10 @@ def run(num_tokens=32_768, num_heads=32, head_dim=128, kv_heads=(32, 8, 1), repe
             torch.testing.assert_close(fn(q, k, v), ref, atol=1e-4, rtol=1e-4,
                                        msg=lambda m, name=name, g=g: f"{name}, g = {g}: {m}")
         caches[g] = (k, v)
-    fns = {**fns, READ: lambda q, k, v: (k.sum(), v.sum())}
+    reads = {NUMPY_READ: lambda q, k, v: (k.sum(), v.sum())}
+    if HAVE_NUMBA and torch.device(device).type == "cpu":
+        reads[NUMBA_READ] = lambda q, k, v: fused_decode.streaming_read(k, v)
+    fns = {**fns, **reads}
     pairs = [(name, g) for g in kv_heads for name in fns]
     times = {pair: [] for pair in pairs}
     for round_ in range(warmup + repeat):
@@ -193,7 +261,8 @@ def run(num_tokens=32_768, num_heads=32, head_dim=128, kv_heads=(32, 8, 1), repe
             sync()
             if round_ >= warmup:
                 times[(name, g)].append(time.perf_counter() - start)
-    return [(name, g, min(times[(name, g)])) for name, g in pairs]
+    rows = [(name, g, min(times[(name, g)])) for name, g in pairs]
+    return rows + [(READ, g, min(min(times[(name, g)]) for name in reads)) for g in kv_heads]
 
 
 def run_prefill(n=1024, num_heads=8, num_kv_heads=2, head_dim=64, repeat=3):
@@ -215,16 +284,21 @@ def where(device):
     return f"CPU, {torch.get_num_threads()} thread(s)"
 
 
-def report_variants(n, h, d, kv_heads, repeat, device="cpu"):
+def label(g, h):
+    return "MHA" if g == h else ("MQA" if g == 1 else f"GQA-{g}")
+
+
+def report_variants(n, h, d, kv_heads, repeat, device="cpu", fns=None):
     """Time the ways of writing the shared-K/V product; print each against the read and mhalib."""
     print(f"\ndecode variants: B 1, one query token, cache n {n:,}, H {h}, d_head {d}, fp32, "
           f"{where(device)}; best of {repeat} rounds")
-    rows = run(n, h, d, kv_heads, repeat=repeat, fns=variants(), device=device)
+    fns = {"mhalib grouped_attention": variants()["mhalib grouped_attention"], **fns} if fns else variants()
+    rows = run(n, h, d, kv_heads, repeat=repeat, fns=fns, device=device)
     times = {(name, g): s for name, g, s in rows}
     ours = "mhalib grouped_attention"
     table = [[name, f"g = {g}", f"{s * 1e3:.2f}", f"{times[(READ, g)] / s:.0%}", f"{times[(ours, g)] / s:.2f}x",
               f"{times[(name, h)] / s:.2f}x"]
-             for name, g, s in rows if name != READ]
+             for name, g, s in rows if name not in (READ, NUMPY_READ, NUMBA_READ)]
     print_table(["method", "K/V heads", "ms", "of read", "speed vs mhalib", "speedup vs its MHA"], table)
 
 
@@ -236,9 +310,8 @@ def report(n, h, d, kv_heads, repeat, device="cpu"):
     times = {(name, g): s for name, g, s in rows}
     table = []
     for name, g, s in rows:
-        label = "MHA" if g == h else ("MQA" if g == 1 else f"GQA-{g}")
         nbytes = 2 * g * n * d * 4
-        table.append([name, label, f"{nbytes / 2**20:,.0f}", f"{s * 1e3:.2f}", f"{nbytes / s / 1e9:.1f}",
+        table.append([name, label(g, h), f"{nbytes / 2**20:,.0f}", f"{s * 1e3:.2f}", f"{nbytes / s / 1e9:.1f}",
                       f"{times[(READ, g)] / s:.0%}", f"{times[(name, h)] / s:.2f}x", f"{h / g:.0f}x"])
     print_table(["method", "attention", "K+V MiB", "ms", "GB/s", "of read", "speedup vs its MHA",
                  "bytes H/g"], table)
@@ -253,6 +326,14 @@ def report(n, h, d, kv_heads, repeat, device="cpu"):
               f"(goal >= 3.3x, ideal {h // 8}x)")
         print(f"repeat_kv + SDPA at GQA-8: {times[(rep, 8)] / times[(rep, h)]:.1f}x slower than its MHA, "
               f"{times[(rep, 8)] / times[(ours, 8)]:.1f}x slower than mhalib")
+    if (FUSED, h) in times:
+        print(f"fused_decode MHA reads K and V at {times[(READ, h)] / times[(FUSED, h)]:.0%} of the streaming read "
+              f"(goal >= 90%)")
+        if (FUSED, 8) in times and h > 8:
+            print(f"fused_decode GQA-8 reads K and V at {times[(READ, 8)] / times[(FUSED, 8)]:.0%} of the "
+                  f"streaming read (goal >= 75%)")
+            print(f"fused_decode GQA-8 speedup over its MHA: {times[(FUSED, h)] / times[(FUSED, 8)]:.2f}x "
+                  f"(goal >= 3.3x, ideal {h // 8}x); the read's: {times[(READ, h)] / times[(READ, 8)]:.2f}x")
 
 
 def main(argv=None):
@@ -265,6 +346,8 @@ def main(argv=None):
                         help="torch threads (default: torch's choice, then 1 as well)")
     parser.add_argument("--variants", action="store_true",
                         help="time other ways to write the shared-K/V product instead")
+    parser.add_argument("--fused-blocks", action="store_true",
+                        help="time fused_decode with several key-block sizes instead")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args(argv)
     h, n, d = args.heads, args.tokens, args.head_dim
@@ -273,16 +356,29 @@ def main(argv=None):
         parser.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
     if args.variants and n % KEY_BLOCK:
         parser.error(f"--variants: --tokens must be a multiple of {KEY_BLOCK} (the block of the batched variants)")
+    if args.fused_blocks and not HAVE_NUMBA:
+        parser.error("--fused-blocks needs Numba: pip install numba")
     if args.device == "cuda":
         (report_variants if args.variants else report)(n, h, d, kv_heads, args.repeat, device="cuda")
         return
+    print(f"processor: {processor()}; torch {torch.__version__}, BLAS: {blas()}")
+    if HAVE_NUMBA:
+        import numba
+
+        print(f"Numba {numba.__version__}: first call (compiling the kernels, or loading them from Numba's "
+              f"cache) {compile_seconds():.1f} s, kept out of the timings")
+    else:
+        print("Numba is not installed (pip install numba): fused_decode and the Numba read are left out")
     # All threads first, then one: on a machine shared with other work a second thread
     # often waits for the first to be scheduled, and the one-thread ratios are steadier.
     counts = [args.threads] if args.threads else sorted({torch.get_num_threads(), 1}, reverse=True)
     for threads in counts:
-        torch.set_num_threads(threads)
-        (report_variants if args.variants else report)(n, h, d, kv_heads, args.repeat)
-    if args.variants:
+        set_threads(threads)
+        if args.fused_blocks:
+            report_variants(n, h, d, kv_heads, args.repeat, fns=fused_blocks())
+        else:
+            (report_variants if args.variants else report)(n, h, d, kv_heads, args.repeat)
+    if args.variants or args.fused_blocks:
         return
     ours_p, sdpa_p = run_prefill()
     print(f"\nprefill (N_q = N_k = 1,024, H 8, g 2, d_head 64, causal, {torch.get_num_threads()} thread(s)): "
