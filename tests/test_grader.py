@@ -204,9 +204,15 @@ MISTAKES = {
     "split_wrong": ("02_multi_head_attention.ipynb", "multi_head_attention",
                     _SPLIT_WRONG.format(weights=_SOFTMAX, out="merge_heads(weights @ v) @ w_o"),
                     "multi_head_attention", "heads come out in the wrong order", "wrong axis"),
+    # n = 0 returns an empty mask; n = -3 makes NumPy raise a ValueError of its own, which does not
+    # name the -3 that was given, so it does not count as the check the exercise asks for
     "no_value_error": ("01_single_head_attention.ipynb", "causal_mask", _MASK.format(refuse="pass"),
-                       "causal_mask (n < 1)", "(causal_mask(0)): returned an array of shape (0, 0) and dtype "
-                       "float64; it should raise ValueError", "raised"),
+                       "causal_mask (n < 1)", ("(causal_mask(0)): returned an array of shape (0, 0) and dtype "
+                                               "float64; it should raise ValueError",
+                                               "(causal_mask(-3)): causal_mask raised ValueError: negative "
+                                               "dimensions are not allowed",
+                                               "but the message does not name what was given (-3)"),
+                       "(causal_mask(0)): causal_mask raised"),
     "assert_not_value_error": ("01_single_head_attention.ipynb", "causal_mask",
                                _MASK.format(refuse="assert n >= 1, 'n must be positive'"),
                                "causal_mask (n < 1)", ("raised AssertionError: n must be positive",
