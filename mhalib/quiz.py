@@ -654,6 +654,102 @@ _add(Question(
     ),
 ))
 
+# Notebook 09: rotary positions with a cache, sliding windows, the online softmax, MLA.
+_add(Question(
+    id="09.rope_cache",
+    prompt="Section 1: a model with rotary positions has 12 tokens cached (positions 0 to 11) and "
+           "decodes the next one. What must the step do with the new token's key?",
+    choices=(
+        Choice("Rotate it by position 12, the cache length, then append it; the cached keys stay "
+               "as they are.", True,
+               "Each cached key already carries the rotation of its own position, and a score depends "
+               "only on the offset between the query's and the key's rotations: section 1 builds the "
+               "cache this way and matches one full causal pass."),
+        Choice("Rotate it by position 0: each decoding call starts a new sequence of one token.", False,
+               "The new token is not the first of anything: rotated at 0, its query and key claim to "
+               "sit 12 places before the cached tokens, and section 1's 'positions restarting at 0' "
+               "row differs from the full pass."),
+        Choice("Append it unrotated, then rotate the whole cache by position 12 before attending.", False,
+               "Then every cached key carries the same angle, so the scores lose which key sits where "
+               "(only the offset of the angles counts, and it is the same for all of them): section 1's "
+               "'rotating after caching' row differs from the full pass."),
+    ),
+))
+
+_add(Question(
+    id="09.window_bytes",
+    prompt="Section 2: Mistral-7B (32 layers, 8 K/V heads, head_dim 128, window 4,096) generates "
+           "32,768 tokens of one sequence in fp16. How large is its rolling cache at the end?",
+    choices=(
+        Choice("4 GiB", False,
+               "That is a full cache of 32,768 tokens at 128 KiB each. The rolling buffer has 4,096 "
+               "slots and overwrites the oldest: tokens that left the window are never read again."),
+        Choice("512 MiB", True,
+               "128 KiB per token times the 4,096 slots of the window, whatever the length of the "
+               "sequence: the cap section 2 prints."),
+        Choice("128 KiB", False,
+               "That is one token's keys and values over the 32 layers; the buffer holds the last "
+               "4,096 of them."),
+        Choice("2 GiB", False,
+               "That would be 4,096 tokens of a model with 32 K/V heads (multi-head attention, as "
+               "Llama-2-7B). Mistral-7B shares each K/V head among 4 query heads: 8 K/V heads."),
+    ),
+))
+
+_add(Question(
+    id="09.merge",
+    prompt="Section 3: two chunks of the keys give partial outputs o1 and o2 with log-sum-exps "
+           "l1 = 1000 and l2 = 1000 + ln 3. What is the output of attention over all the keys?",
+    choices=(
+        Choice("0.25 o1 + 0.75 o2", True,
+               "Weigh each chunk by its share of the total sum: exp(l_i - max l) gives 1 and 3, so "
+               "1/4 and 3/4. Subtracting the largest log-sum-exp first keeps every exp finite."),
+        Choice("(o1 + o2) / 2", False,
+               "An average treats both chunks as equally heavy, but the second chunk's keys carry "
+               "three times the softmax mass of the first's. The log-sum-exps say how much."),
+        Choice("exp(l1) o1 + exp(l2) o2, divided by exp(l1) + exp(l2), computed as written", False,
+               "Right on paper, but exp(1000) overflows: inf / inf is NaN in floating point. Section 3 "
+               "prints what that merge without the max returns. Subtract max(l1, l2) first."),
+    ),
+))
+
+_add(Question(
+    id="09.absorb",
+    prompt="Section 4: in multi-head latent attention's absorbed form, what does a decoding step "
+           "read from the cache for each earlier token and layer?",
+    choices=(
+        Choice("Every head's key and value, rebuilt from the latent by kv_b_proj.", False,
+               "That is the plain form: it rebuilds H keys and values per token at every step. The "
+               "absorbed form folds kv_b_proj's key rows into the query and its value rows into the "
+               "output, so no per-head key or value is ever formed."),
+        Choice("The latent (kv_lora_rank numbers) and the shared rotary key (qk_rope_head_dim "
+               "numbers): 576 numbers for DeepSeek-V3.", True,
+               "Scores are the absorbed query against the latent plus the rotary query against the "
+               "shared rotary key; the weights then mix latents. Section 4 checks it equals the plain form."),
+        Choice("Only the latent: the positions are rotated into it.", False,
+               "A rotation between the down- and up-projections would depend on the position, so "
+               "kv_b_proj could no longer be folded into the query. That is why MLA keeps a separate "
+               "rotary key, shared by all heads."),
+    ),
+))
+
+_add(Question(
+    id="09.crossover",
+    prompt="Section 5: one sequence of 1,024 tokens (batch 1). Llama-2-7B (32 K/V heads) against a "
+           "copy with 8 K/V heads and the same weights otherwise: what does the decode step save?",
+    choices=(
+        Choice("A 4x faster step: the cache is 4 times smaller.", False,
+               "Only the cache shrinks. Far below the crossover the weights, read once per step, are "
+               "most of the bytes, and they do not change."),
+        Choice("Little: the weights are most of the bytes read below the crossover, and they stay.", True,
+               "1,024 tokens is far below Llama-2-7B's crossover of 25,705 tokens: the cache is a small "
+               "part of the step. The saving grows with batch x context and nears 4x only far past it."),
+        Choice("Nothing at any batch size: decoding reads the weights, not the cache.", False,
+               "Each sequence's cache is read once per step too; past the crossover (batch x context "
+               "above 25,705 tokens for Llama-2-7B) it is most of what the step reads."),
+    ),
+))
+
 
 def questions(prefix=""):
     """The questions whose id starts with ``prefix`` (e.g. ``"02"``), in the order added."""

@@ -214,15 +214,15 @@ def test_in_proj_answer_matches_the_stored_layout():
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
-NEW = ("01", "04", "05", "08")
+NEW = ("01", "04", "05", "08", "09")
 
 
-def test_the_course_has_eight_notebooks_and_every_question_names_one():
-    assert sorted(NOTEBOOKS) == ["01", "02", "03", "04", "05", "06", "07", "08"]
+def test_the_course_has_nine_notebooks_and_every_question_names_one():
+    assert sorted(NOTEBOOKS) == ["01", "02", "03", "04", "05", "06", "07", "08", "09"]
     assert {qid.split(".")[0] for qid in QUESTIONS} == set(NOTEBOOKS)
 
 
-@pytest.mark.parametrize("nb", ["01", "02", "03", "04", "05", "06", "07", "08"])
+@pytest.mark.parametrize("nb", ["01", "02", "03", "04", "05", "06", "07", "08", "09"])
 def test_every_notebook_has_a_quiz_of_at_least_three_checked_questions(nb):
     qs = questions(nb)
     assert len(qs) >= 3
@@ -287,6 +287,15 @@ PRINTED = {
     "08.first_order": [("2.47", "2.47"), ("3.86", "3.86")],
     "08.why_uptrain": [("2.74", "2.74"), ("0.013", "0.013"), ("0.998", "0.998"), ("0.82", "0.82"),
                        ("0.98", "0.98"), ("0.837", "0.837"), ("0.37", "+0.37"), ("0.79", "+0.79")],
+    "09.rope_cache": [("positions restarting at 0", "positions restarting at 0 : differs from the full pass: True"),
+                      ("rotating after caching", "rotating after caching    : differs from the full pass: True")],
+    "09.window_bytes": [("4 GiB", "32,768       4 GiB"), ("512 MiB", "512 MiB"), ("128 KiB", "128 KiB per token"),
+                        ("2 GiB", "+     2 GiB")],
+    "09.merge": [("0.25", "merged = 0.25 o1 + 0.75 o2"), ("0.75", "[0.25, 0.75]"),
+                 ("merge without the max", "merge without the max: [nan, nan]")],
+    "09.absorb": [("576", "MLA (DeepSeek-V3)                      576")],
+    "09.crossover": [("25,705", "crossover at batch x context = 25,705 tokens"),
+                     ("1,024", "smaller at batch 1 x 1,024 tokens")],
 }
 # (as the question writes it, the assertion in the notebook's code that backs it)
 ASSERTED = {
