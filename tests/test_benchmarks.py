@@ -62,9 +62,33 @@ def test_block_variants_refuse_a_cache_that_is_not_whole_blocks():
 
 def test_run_times_every_method_and_the_read_for_every_g():
     rows = bench_decode.run(**SIZES)
-    names = set(bench_decode.methods()) | {bench_decode.READ}
+    reads = {bench_decode.READ, bench_decode.NUMPY_READ, bench_decode.NUMBA_READ}
+    names = set(bench_decode.methods()) | reads
+    assert bench_decode.FUSED in names
     assert {(name, g) for name, g, _ in rows} == {(name, g) for name in names for g in (8, 2, 1)}
     assert all(seconds > 0 for _, _, seconds in rows)
+    times = {(name, g): s for name, g, s in rows}
+    for g in (8, 2, 1):  # the reference is the faster of the two reads
+        assert times[(bench_decode.READ, g)] == min(times[(bench_decode.NUMPY_READ, g)],
+                                                   times[(bench_decode.NUMBA_READ, g)])
+
+
+@pytest.mark.parametrize("g", [8, 2, 1])
+@pytest.mark.parametrize("n", [1, 100, 256])
+def test_every_decode_method_equals_sdpa(g, n):
+    # The methods the benchmark times, the fused kernel among them, in float32 as timed.
+    torch.manual_seed(2)
+    q = torch.randn(2, 8, 1, 16)  # (B, H, 1, d)
+    k = torch.randn(2, g, n, 16)  # (B, g, n, d)
+    v = torch.randn(2, g, n, 16)
+    ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    for name, fn in bench_decode.methods().items():
+        torch.testing.assert_close(fn(q, k, v), ref, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_fused_block_sizes_each_equal_sdpa_in_the_run():
+    rows = bench_decode.run(**SIZES, fns=bench_decode.fused_blocks((16, 100, 256)))
+    assert {name for name, _, _ in rows} >= {"fused_decode, block 16", "fused_decode, block 100"}
 
 
 def test_run_refuses_a_method_that_disagrees_with_sdpa():
@@ -79,7 +103,17 @@ def test_reports_print_their_tables(capsys):
     bench_decode.report_variants(2048, 8, 16, [8, 2, 1], 1)  # two blocks of 1,024 keys
     out = capsys.readouterr().out
     assert "mhalib MHA reads K and V at" in out
+    assert "fused_decode MHA reads K and V at" in out and "fused_decode GQA-8" not in out  # H = 8: no GQA-8
+    assert "read: Numba rows" in out and "read: NumPy sum" in out
     assert "flash-decoding (block softmax + LSE)" in out and "speed vs mhalib" in out
+
+
+def test_main_names_the_processor_the_blas_and_the_compile_time(capsys):
+    bench_decode.main(["--tokens", "64", "--heads", "16", "--head-dim", "8", "--repeat", "1", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert f"processor: {bench_decode.processor()}" in out and "BLAS: " in out
+    assert "first call (compiling the kernels" in out and "kept out of the timings" in out
+    assert "fused_decode GQA-8 reads K and V at" in out and "fused_decode GQA-8 speedup over its MHA" in out
 
 
 def test_variants_need_whole_blocks_on_the_command_line(capsys):
