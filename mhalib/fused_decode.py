@@ -74,7 +74,7 @@ def block_partials(q, k, v, block, m, l, acc):
         for t in range(j * block, min((j + 1) * block, n)):  # each row of K and V is read once ...
             for r in range(rep):  # ... and meets every query of the group while it is in L1
                 s = np.float32(0.0)
-                for c in range(d):  # the vectorised loop: 16 floats per AVX-512 instruction
+                for c in range(d):  # the loop the compiler vectorises: 8 or 16 floats per instruction
                     s += qh[r, c] * kh[t, c]
                 if s > mj[r]:  # a new running maximum: rescale what was summed so far
                     shrink = math.exp(mj[r] - s)
