@@ -1,0 +1,115 @@
+"""Exercise 09 end to end: an answer written here independently of mhalib gets full marks,
+the stubs get zero, and each rule misread (the mutation table) loses points with feedback
+that names the mistake."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from mhalib.grade.grader import grade_notebook
+from mhalib.grade.sandbox import Limits
+
+KEY = "09_beyond_gqa"
+LIMITS = Limits(call_timeout_s=60, cell_timeout_s=120)
+
+ANSWER = '''
+import numpy as np
+
+def apply_rope(x, positions, base=10000.0):
+    x = np.asarray(x)
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"head_dim={d} is odd; RoPE rotates pairs")
+    half = d // 2
+    freq = np.power(float(base), -np.arange(half) * 2.0 / d)
+    ang = np.outer(np.asarray(positions, dtype=float), freq)
+    c, s = np.cos(ang), np.sin(ang)
+    a, b = x[..., :half], x[..., half:]
+    return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+
+def gqa_rope_decode_step(x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads, num_kv_heads):
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_kv_heads={num_kv_heads} does not divide num_heads={num_heads}")
+    b, _, d_model = x_new.shape
+    dh = d_model // num_heads
+    t = k_cache.shape[2]
+    pos = [t]
+    q = apply_rope((x_new @ w_q).reshape(b, num_heads, 1, dh), pos)
+    k = apply_rope((x_new @ w_k).reshape(b, num_kv_heads, 1, dh), pos)
+    v = (x_new @ w_v).reshape(b, num_kv_heads, 1, dh)
+    k_cache = np.concatenate([k_cache, k], axis=2)
+    v_cache = np.concatenate([v_cache, v], axis=2)
+    group = num_heads // num_kv_heads
+    out = np.empty((b, num_heads, dh))
+    for h in range(num_heads):
+        kh, vh = k_cache[:, h // group], v_cache[:, h // group]
+        sc = np.einsum("bd,btd->bt", q[:, h, 0], kh) / np.sqrt(dh)
+        p = np.exp(sc - sc.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        out[:, h] = np.einsum("bt,btd->bd", p, vh)
+    return out.reshape(b, 1, d_model) @ w_o, k_cache, v_cache
+
+def merge_partials(outputs, log_sum_exps):
+    top = np.max(log_sum_exps, axis=0)
+    w = np.exp(log_sum_exps - top)
+    total = w.sum(axis=0)
+    return np.einsum("s...,s...d->...d", w, outputs) / total[..., None], top + np.log(total)
+'''
+
+# what the learner misread: (the replacements that misread it, {check that must lose points: words its
+# feedback must contain}); every other check keeps full marks
+MUTATIONS = {
+    "rotating the keys after caching": (
+        [("k = apply_rope((x_new @ w_k).reshape(b, num_kv_heads, 1, dh), pos)",
+          "k = (x_new @ w_k).reshape(b, num_kv_heads, 1, dh)"),
+         ("k_cache = np.concatenate([k_cache, k], axis=2)",
+          "k_cache = apply_rope(np.concatenate([k_cache, k], axis=2), [t] * (t + 1))")],
+        {"gqa_rope_decode_step": "the keys were rotated after caching"}),
+    "positions restarting at 0": (
+        [("pos = [t]", "pos = [0]")], {"gqa_rope_decode_step": "positions restarted at 0"}),
+    "repeat for repeat_interleave": (
+        [("k_cache[:, h // group], v_cache[:, h // group]", "k_cache[:, h % num_kv_heads], v_cache[:, h % num_kv_heads]")],
+        {"gqa_rope_decode_step": "must read K/V head h // (H // g)"}),
+    "merge without the max": (
+        [("top = np.max(log_sum_exps, axis=0)", "top = np.zeros_like(np.max(log_sum_exps, axis=0))")],
+        {"merge_partials": "merge without the max"}),
+    "interleaved pairs": (
+        [("a, b = x[..., :half], x[..., half:]\n    return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)",
+          "a, b = x[..., 0::2], x[..., 1::2]\n    return np.stack([a * c - b * s, a * s + b * c], axis=-1).reshape(x.shape)")],
+        # the decode step calls the learner's apply_rope, so it inherits the pairing
+        {"apply_rope": "paired neighbours", "gqa_rope_decode_step": "neighbouring pairs"}),
+}
+
+
+def _notebook(path, source):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["mhalib"] = {"exercise": KEY}
+    nb.cells = [nbformat.v4.new_code_cell(source)]
+    nbformat.write(nb, path)
+    return path
+
+
+def mutate(source, replacements):
+    for old, new in replacements:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    return source
+
+
+def test_independent_answer_gets_full_marks(tmp_path):
+    result = grade_notebook(_notebook(tmp_path / f"{KEY}.ipynb", ANSWER), limits=LIMITS)
+    assert result.exercise == KEY
+    assert result.score == result.max_score == 10, result.text()
+
+
+@pytest.mark.parametrize("mistake", sorted(MUTATIONS))
+def test_each_misread_rule_loses_points_and_is_named(mistake, tmp_path):
+    replacements, named = MUTATIONS[mistake]
+    result = grade_notebook(_notebook(tmp_path / f"{KEY}.ipynb", mutate(ANSWER, replacements)), limits=LIMITS, seed=11)
+    for c in result.checks:
+        if c.name in named:
+            assert c.score < c.max_score, c.output
+            assert named[c.name] in c.output, c.output
+        else:  # the mistake costs only the checks it belongs to
+            assert c.score == c.max_score, result.text()
