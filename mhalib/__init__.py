@@ -6,6 +6,8 @@ Modules, one concept each (dependencies flow downwards only):
 * ``mhalib.attention``: the same in PyTorch: ``MultiHeadAttention``,
   ``MultiQueryAttention``, ``GroupedQueryAttention``, ``grouped_attention``.
 * ``mhalib.validation``: the shared input checks and their error messages.
+* ``mhalib.fused_decode``: a fused grouped-query decode kernel in Numba (one pass over the
+  cache, online softmax, key blocks merged by log-sum-exp); Numba loads on its first call.
 * ``mhalib.kv_cache``: KV-cache sizes for real models, a cache, one NumPy decode step.
 * ``mhalib.tasks``, ``mhalib.transformer``, ``mhalib.training``: the copy tasks and the
   tiny attention-only transformer of notebook 04, with its training loop and checkpoint.
