@@ -4,6 +4,8 @@
   a context length and a number of KV heads g give the cache size per token and per
   sequence, and a plot of cache size against context length for every model.
 * :func:`kv_explorer`: the sliders.
+* :func:`render_cache_kinds`, :func:`cache_kinds_explorer` (notebook 09): MHA, GQA-8, GQA-8
+  with a sliding window (a rolling buffer) and multi-head latent attention side by side.
 
 The number of KV heads may differ from the model's own: "what if Llama-2-7B used
 GQA-8?" g must divide the model's H query heads; any other value gets a message that
@@ -20,7 +22,8 @@ from mhalib.kv_cache import MODEL_CONFIGS, format_bytes, kv_cache_bytes
 from mhalib.validation import divisors
 from mhalib.widgets.common import View, choice_slider, connect, explorer_box, message, safe_render, show_view
 
-__all__ = ["CONTEXT_OPTIONS", "DTYPE_BYTES", "render_kv", "kv_explorer"]
+__all__ = ["CONTEXT_OPTIONS", "DTYPE_BYTES", "render_kv", "kv_explorer", "WINDOW_OPTIONS", "render_cache_kinds",
+           "cache_kinds_explorer"]
 
 #: The context lengths the slider offers (tokens).
 CONTEXT_OPTIONS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -160,4 +163,100 @@ def kv_explorer(model="Llama-2-7B", context_length=4096, num_kv_heads=None):
 
     m_pick.observe(on_model, names="value")
     connect([n_slider, g_slider, t_pick], redraw)
+    return box
+
+
+# ------------------------------------------------------------------ beyond GQA (notebook 09)
+#: The sliding windows the cache-kinds explorer offers (tokens).
+WINDOW_OPTIONS = (1024, 2048, 4096, 8192, 16384)
+
+
+def _cache_kinds(window):
+    """``[(label, bytes per cached token in fp16/bf16, tokens held at most or None)]``, published shapes."""
+    from mhalib.mla import DEEPSEEK_V3, mla_cache_bytes
+
+    llama2, llama3, mistral = (MODEL_CONFIGS[m] for m in ("Llama-2-7B", "Llama-3-8B", "Mistral-7B"))
+    ds = DEEPSEEK_V3
+    return [
+        ("Llama-2-7B (MHA, g = 32)", kv_cache_bytes(llama2["num_layers"], 32, 128, 1), None),
+        ("Llama-3-8B (GQA-8)", kv_cache_bytes(llama3["num_layers"], 8, 128, 1), None),
+        (f"Mistral-7B (GQA-8, window {window:,})", kv_cache_bytes(mistral["num_layers"], 8, 128, 1), window),
+        ("DeepSeek-V3 (MLA, 61 layers)", mla_cache_bytes(ds["num_layers"], ds["kv_lora_rank"], ds["qk_rope_head_dim"]),
+         None),
+    ]
+
+
+def _render_cache_kinds(context_length, window=4096, batch_size=1):
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    for name, value in (("context length", context_length), ("window", window), ("batch", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            return message(f"The {name} must be a whole number of at least 1; got {value!r}.")
+    n, w, b = int(context_length), int(window), int(batch_size)
+    kinds = _cache_kinds(w)
+    totals = {label: per * min(n, cap or n) * b for label, per, cap in kinds}
+    rows = "".join(f"<li>{html.escape(label)}: {format_bytes(per)} per token, <b>{format_bytes(totals[label])}</b>"
+                   f"{' (capped at the window)' if cap and n > cap else ''}</li>" for label, per, cap in kinds)
+    text = (f"<p>Cache at <b>{n:,} tokens</b>" + (f" x batch {b}" if b > 1 else "") + " in fp16/bf16, published "
+            f"shapes:</p><ul>{rows}</ul>")
+
+    fig = Figure(figsize=(7.0, 3.6), dpi=80)
+    fig.subplots_adjust(left=0.13, right=0.97, bottom=0.13, top=0.92)
+    ax = fig.add_subplot()
+    ns = np.array(CONTEXT_OPTIONS, dtype=float)
+    for i, (label, per, cap) in enumerate(kinds):
+        colour = colormaps["viridis"](i / (len(kinds) - 1))
+        held = np.minimum(ns, cap) if cap else ns
+        ax.plot(ns, held * per * b / 2**30, color=colour, lw=2, label=label)
+        ax.plot([n], [totals[label] / 2**30], "o", color=colour, ms=7)
+    ax.axvline(n, color="black", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_locator(LogLocator(base=4))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: format_bytes(y * 2**30)))
+    ax.set_xticks(ns, [f"{int(x) // 1024}k" if x >= 1024 else str(int(x)) for x in ns])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("KV cache (fp16 / bf16" + (f", batch {b})" if b > 1 else ")"))
+    ax.set_title("Fewer K/V heads shift the line down, a latent shifts it further, a window flattens it")
+    ax.title.set_fontsize(10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    data = dict(context_length=n, window=w, batch_size=b,
+                bytes_per_token={label: per for label, per, _ in kinds}, total_bytes=totals)
+    return View(html=text, figure=fig, ok=True, data=data)
+
+
+def render_cache_kinds(context_length, window=4096, batch_size=1):
+    """Cache bytes of MHA, GQA-8, GQA-8 with a sliding window and MLA at one context length. Never raises.
+
+    Args:
+        context_length: tokens per sequence.
+        window: the sliding window of the Mistral-7B row (its rolling buffer holds that many tokens).
+        batch_size: sequences decoded together.
+
+    Returns:
+        A :class:`~mhalib.widgets.common.View`; ``view.data`` has ``bytes_per_token`` and
+        ``total_bytes``, each a dict keyed by the row's label.
+    """
+    return safe_render(_render_cache_kinds, context_length, window, batch_size)
+
+
+def cache_kinds_explorer(context_length=32768, window=4096):
+    """Sliders for the context length and the window, redrawing :func:`render_cache_kinds`.
+
+    Returns:
+        An ipywidgets ``VBox`` (class ``mhalib-explorer``).
+    """
+    n_slider = choice_slider("context length", CONTEXT_OPTIONS, context_length)
+    w_slider = choice_slider("window (Mistral-7B row)", WINDOW_OPTIONS, window)
+    box, msg, out = explorer_box([n_slider, w_slider], title="KV cache: heads, windows and latents")
+
+    def redraw():
+        show_view(render_cache_kinds(n_slider.value, w_slider.value), msg, out)
+
+    connect([n_slider, w_slider], redraw)
     return box
