@@ -16,6 +16,10 @@ Modules, one concept each (dependencies flow downwards only):
   pre-LayerNorm decoder on ``mhalib.attention``, probes, head scores, ablation, and the
   shipped weights (``python -m mhalib.language train`` retrains them).
 * ``mhalib.convert``: turning a trained MHA model into GQA/MQA (mean, first, random).
+* ``mhalib.rope``, ``mhalib.sliding_window``, ``mhalib.online_softmax``, ``mhalib.mla``,
+  ``mhalib.serving`` (notebook 09): rotary positions with a cache, sliding windows with a
+  rolling buffer, the one-pass softmax and the log-sum-exp merge, multi-head latent
+  attention, and the bytes of a decode step.
 * ``mhalib.plots`` and ``mhalib.widgets``: figures and slider explorers (matplotlib,
   ipywidgets); ``mhalib.quiz``: quizzes that explain wrong answers.
 * ``mhalib.check`` (learners' self-checks) and ``mhalib.grade`` (the grader).
