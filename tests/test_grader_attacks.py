@@ -204,6 +204,101 @@ def test_4_a_stopped_child_cannot_block_the_class(tmp_path):
     assert "did not finish within" in proc.stdout
 
 
+def looping_submission(tmp_path):
+    """Exercise 01 answered, then a top-level cell that names its process (a marker of
+    this test alone, read back in /proc/N/comm) and loops; returns ``(notebook, marker)``."""
+    marker = f"loop{uuid.uuid4().hex[:11]}"  # comm holds 15 characters
+    nb = json.loads((FIXTURES / "fault_infinite_loop_in_cell.ipynb").read_text(encoding="utf-8"))
+    nb["cells"][-1]["source"] = (f"import ctypes, time\nctypes.CDLL(None).prctl(15, {marker.encode()!r}, 0, 0, 0)\n"
+                                 "while True:  # PR_SET_NAME above\n    time.sleep(0.05)\n")
+    path = tmp_path / "01_looping.ipynb"
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    return path, marker
+
+
+def named(marker):
+    """``{pid: parent pid}`` of the live processes (zombies left out) whose name is ``marker``."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != marker:
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            found[int(pid)] = int(fields[1])
+    return found
+
+
+def gone(marker, within):
+    """Wait up to ``within`` s for no process named ``marker``; kill what is left (the
+    test leaves nothing behind) and return it, ``{pid: parent pid}``."""
+    end = time.monotonic() + within
+    while named(marker) and time.monotonic() < end:
+        time.sleep(0.1)
+    left = named(marker)
+    for pid in left:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    return left
+
+
+def bubblewrap_or_skip():
+    """As the other attacks: without bubblewrap, skipped, except on CI, which must have it."""
+    isolation = decide()
+    if not os.environ.get("CI") and isolation.kind != "bubblewrap":
+        pytest.skip(f"needs bubblewrap: {isolation.problem or isolation.kind}")
+    assert isolation.kind == "bubblewrap", isolation.problem
+    return isolation
+
+
+GRADER_WITH = ("import sys\nfrom mhalib.grade.grader import grade_notebook\nfrom mhalib.grade.sandbox import "
+               "Isolation, Limits\ngrade_notebook(sys.argv[1], isolation=Isolation('bubblewrap', userns=True, "
+               "tmp_size=sys.argv[2] == 'True'), limits=Limits(cell_timeout_s=120, submission_s=300))\n")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("mode", ["sandbox", "user namespace", "no isolation"])
+def test_4_no_child_outlives_a_killed_grader(tmp_path, mode):
+    """The grader is killed (SIGKILL) while a cell loops: its child, the submission's
+    process, is gone within seconds, whatever the isolation (as root the child is another
+    user, whom bubblewrap's parent-death signal cannot reach)."""
+    if mode != "no isolation":
+        isolation = bubblewrap_or_skip()
+        if mode == "user namespace" and isolation.userns:
+            pytest.skip("an ordinary user gets the user-namespace sandbox already")
+    nb, marker = looping_submission(tmp_path)
+    argv = ([sys.executable, "-c", GRADER_WITH, nb, str(isolation.tmp_size)] if mode == "user namespace" else
+            [sys.executable, "-m", "mhalib.grade", nb, "--cell-timeout", "120", "--submission-timeout", "300",
+             *(["--no-isolation"] if mode == "no isolation" else [])])
+    grader = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        end = time.monotonic() + 120
+        while not named(marker) and grader.poll() is None and time.monotonic() < end:
+            time.sleep(0.1)
+        assert named(marker), f"the looping cell never ran: {grader.poll()}"
+    finally:
+        grader.kill()
+        stderr = grader.communicate()[1].decode(errors="replace")
+    left = gone(marker, within=5)
+    assert not left, f"the child outlived its grader: {left} (pid: parent pid); {stderr[-500:]}"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_4_a_child_stopped_for_a_hang_is_gone(tmp_path):
+    """A cell that loops past its limit: the child is killed itself (not only bubblewrap,
+    which would leave it without a parent), before the grader goes on."""
+    isolation = bubblewrap_or_skip()
+    nb, marker = looping_submission(tmp_path)
+    result = grade_notebook(nb, limits=Limits(cell_timeout_s=4, call_timeout_s=6), seed=4, isolation=isolation)
+    assert "cell 4 did not finish within 4 s; it was skipped" in result.text(), result.text()
+    left = gone(marker, within=3)
+    assert not left, f"the child outlived its hang: {left} (pid: parent pid)"
+
+
 # ----------------------------------------------------------------------------- 5
 def test_5_results_cannot_be_redirected_or_blocked(tmp_path):
     """results.json is a link to another file and class.csv a FIFO: the grader's files

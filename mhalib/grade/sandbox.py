@@ -8,8 +8,11 @@ that it cannot read the course); it never changes during a run:
   site-packages (at ``/site/N``) read-only, nothing else of the machine (no checkout, no
   ``mhalib``, no results, no other submission); a private ``/tmp`` of ``Limits.file_mb``;
   an unprivileged user (as root, an unused uid per job, ``UID_BASE`` and up; otherwise
-  uid 65534 in a user namespace). It dies with the grader; its PID namespace, and all
-  it started, end with it.
+  uid 65534 in a user namespace). It dies with the grader, however the grader ends:
+  bubblewrap's ``--die-with-parent`` and the child's own parent-death signal, and as
+  root, where a signal of bubblewrap's cannot reach a child of another uid, a guard
+  (:func:`guard_as_root`). A child stopped for a hang or a crash is killed itself, not
+  only bubblewrap. Its PID namespace, and all it started, end with it.
 * **unprivileged user**: as root where bubblewrap cannot run, in a one-submission
   container only (``mhalib.grade.gradescope``): user ``nobody``, a private folder, every
   process of ``nobody`` killed afterwards; the course must be unreadable to ``nobody``.
@@ -23,6 +26,7 @@ is an outcome with a reason.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -32,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -168,6 +173,63 @@ class Isolation:
                 dict(cwd="/", env={"PATH": "/usr/bin:/bin"}))
 
 
+# As root, the child's own parent-death signal never reaches it: bubblewrap, which would
+# send it, keeps no capability (CAP_KILL) and the child runs as another user. Nor does a
+# kill of bubblewrap alone: the child, PID 1 of its namespace, is left. One guard per grader
+# process, started by root, waits for the grader to end (end of file on its stdin: the
+# grader's only copy of the pipe goes with it, however it ends) and then kills every
+# process of the grader's uids. The uids are its own: UID_BASE + 100 * (grader pid % 10**6)
+# and the 100 after.
+GUARD_SOURCE = """import os, sys
+first = int(sys.argv[1])
+while os.read(0, 4096):
+    pass
+for _ in range(3):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                uids = [int(x) for line in f if line.startswith("Uid:") for x in line.split()[1:]]
+            if any(first <= uid < first + 100 for uid in uids):
+                os.kill(int(pid), 9)
+        except (OSError, ValueError):
+            pass
+"""
+_GUARDS, _GUARD_LOCK = {}, threading.Lock()
+
+
+def guard_as_root():
+    """Start this grader process's guard once (as root under bubblewrap only): whatever ends
+    the grader, even SIGKILL, no child of its uids outlives it."""
+    with _GUARD_LOCK:
+        if os.getpid() in _GUARDS:
+            return
+        read, write = os.pipe()
+        try:
+            guard = subprocess.Popen([sys.executable, "-I", "-S", "-c", GUARD_SOURCE,
+                                      str(UID_BASE + 100 * (os.getpid() % 10**6))],
+                                     stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     cwd="/", env={"PATH": "/usr/bin:/bin"}, start_new_session=True)
+        except OSError:
+            os.close(write)
+            return
+        finally:
+            os.close(read)
+        _GUARDS[os.getpid()] = (guard, write)
+        atexit.register(_end_guard, os.getpid())
+
+
+def _end_guard(pid):
+    """At the grader's normal end: the guard does its sweep now, and is waited for."""
+    if pid != os.getpid() or pid not in _GUARDS:
+        return
+    guard, write = _GUARDS.pop(pid)
+    os.close(write)
+    try:
+        guard.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        guard.kill()
+
+
 @functools.lru_cache(maxsize=None)
 def _bwrap_has(option):
     """Whether this bubblewrap knows ``option`` (from ``bwrap --help``)."""
@@ -215,6 +277,30 @@ def decide(unisolated=False, container=False):
     return Isolation("", problem="; ".join(problems))
 
 
+def children_of(pid):
+    """The pids whose parent is ``pid`` (Linux's /proc; empty elsewhere, or once it has gone)."""
+    found = set()
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
+                found.update(int(p) for p in f.read().split())
+        return sorted(found)
+    except (OSError, ValueError):  # no children file in this kernel: every process's parent, read
+        pass
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat", encoding="ascii", errors="replace") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.add(int(p))
+        except (OSError, ValueError, IndexError):
+            pass
+    return sorted(found)
+
+
 def kill_all_of(uid):
     """Every process of ``uid``: a helper running as that user signals them all."""
     try:
@@ -256,6 +342,8 @@ class Sandbox:
         uid = self.isolation.uid(self.slot)
         if self.isolation.kind == "unprivileged user":
             os.chown(self.workdir, uid, uid)
+        if self.isolation.as_root:
+            guard_as_root()
         argv, extra = self.isolation.command(dict(self.config), self.limits, self.slot, self.workdir)
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -330,6 +418,15 @@ class Sandbox:
         proc, self.proc = self.proc, None
         if proc is None:
             return
+        if self.isolation.kind == "bubblewrap":
+            # The first process in bubblewrap's namespace (the child itself with --as-pid-1) is
+            # in a session of its own: killed here, before bubblewrap, whose death would make it
+            # a child of no one. Its PID namespace, and all it started, end with it.
+            for pid in children_of(proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # its own session: bubblewrap, or the child and its group
         except OSError:

@@ -39,6 +39,7 @@ MAX_ARRAYS = 64
 MAX_DEPTH = 4
 NUMBER_KINDS = set("biufc")
 DENIED_EXIT = 70  # the child could not drop its privileges: it ran nothing
+ORPHAN_EXIT = 71  # the child's parent ended before it was ready: it ran nothing
 
 
 # ----------------------------------------------------------------------------- wire
@@ -548,8 +549,9 @@ class _Counter(io.TextIOBase):
         return len(str(s))
 
 
-def _confine(config):
-    """Limits, then the unprivileged user; exits without running anything if that fails."""
+def _confine(config, parent):
+    """Limits, then the unprivileged user, then death with ``parent`` (the pid that started
+    it); exits without running anything if that fails."""
     import ctypes
     import resource
     import signal
@@ -573,7 +575,15 @@ def _confine(config):
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
         if sys.platform.startswith("linux"):  # elsewhere (a learner's own Mac) there is no prctl
-            ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+            libc = ctypes.CDLL(None)
+            libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+            # PR_SET_PDEATHSIG: killed when its parent ends (the grader, or bubblewrap, which
+            # ends with the grader; as root bubblewrap cannot signal another uid, and the
+            # grader's guard does it). Set here, after the change of user, which clears it; a
+            # parent already gone (another parent now) means no grader to answer.
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(ORPHAN_EXIT)
         if uid is not None and (os.getresuid() != (uid,) * 3 or os.getresgid() != (gid,) * 3 or _regains_root()):
             raise PermissionError("the user did not change for good")
     except (OSError, ValueError, AttributeError):
@@ -627,12 +637,13 @@ def serve(fd_in, fd_out, config):
 
 
 def main(argv):
+    parent = os.getppid()
     config = json.loads(argv[1])
     fd_in, fd_out = os.dup(0), os.dup(1)  # private copies; 0, 1 and 2 go nowhere
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    _confine(config)
+    _confine(config, parent)
     setup_forbidden(config.get("forbidden", []))
     if "torch" in config.get("preload", []):
         _torch()
