@@ -393,63 +393,66 @@ _add(Question(
 
 # Notebook 05: heads in a small language model.
 _add(Question(
-    id="05.bigram",
-    prompt="Section 3: on agreement across a prepositional phrase (\"the key near the cabinets | "
-           "is\"), the bigram baseline scores 0.052, far below a coin flip. Why below chance, "
-           "not at chance?",
+    id="05.baselines",
+    prompt="Section 3: in the first version of this grammar the subject was always the first noun "
+           "of its sentence, and trained models passed the agreement probe almost perfectly, far "
+           "above a bigram. What did that result show about syntax?",
     choices=(
-        Choice("It sees only the word before the verb, the attractor, and has learned that a plural "
-               "noun is usually followed by a plural verb; with an attractor of the other number "
-               "that habit is reliably wrong.", True,
-               "Most of the time the noun before a verb is its subject, so the habit is right in "
-               "ordinary text. The probe puts the other number right there, which turns the habit "
-               "into a systematic error."),
-        Choice("It was counted on too little text, so its estimates are noise.", False,
-               "Noise would scatter it around a coin flip, not hold it at 0.052: the bigram is wrong "
-               "in the same direction on almost every item, which is a bias, not noise."),
-        Choice("It never saw the verbs of the probe items during counting.", False,
-               "The probes use the grammar's own verbs, all of which occur in the counted text; "
-               "an unseen pair would give a tie, which counts as half right."),
+        Choice("Nothing yet: the rule 'agree with the first noun of the sentence' passed that probe "
+               "too. A probe shows something only when every shallow rule that could pass it fails.", True,
+               "A high score is evidence of the ability the probe was built for only if cheaper "
+               "explanations are ruled out. Here position explained it completely, so the grammar now "
+               "puts a noun of random number before the subject, and section 3 checks that the "
+               "first-noun rule sits near chance."),
+        Choice("That the model found the subject: it beat the bigram, which only sees the previous word.", False,
+               "Beating one shallow rule does not rule out the others. The bigram was the only "
+               "baseline, and it fails for a reason that has nothing to do with syntax (the word before "
+               "the verb is the attractor)."),
+        Choice("That agreement across attractors is easy for any transformer.", False,
+               "The probe could not tell a transformer that tracks the subject from one that counts "
+               "words; it said nothing about how easy the real task is."),
     ),
 ))
 
 _add(Question(
-    id="05.claim",
-    prompt="Section 5: removing layer 1 head 2 raises the average loss by +19.9% and leaves the "
-           "loss on tokens that are neither verbs nor pronouns almost where it was. The textbook "
-           "expects a small average change. What decides whether it is small?",
+    id="05.plural",
+    prompt="Section 5: removing one layer-1 head leaves singular subjects right and sends plural "
+           "subjects to about chance, so overall agreement falls by about a quarter. What is the "
+           "right description of that head's role?",
     choices=(
-        Choice("The share of tokens that need the broken ability: the damage sits on verbs and "
-               "pronouns, and the average divides it by all tokens.", True,
-               "Here verbs and pronouns are 17.5% of the predicted tokens; at 8.2% the same "
-               "damage would be a +10% rise. Ordinary text has fewer verbs far from their subject."),
-        Choice("The size of the model: a 2-layer model has too few heads to be redundant.", False,
-               "Redundancy decides how many heads matter, not how an ablation's damage is "
-               "averaged; the 3-layer variant of section 7 still has one head that costs about "
-               "as much."),
-        Choice("The loss is measured in nats; in bits the rise would be small.", False,
-               "Changing the logarithm's base rescales both losses by the same factor, so the "
-               "percentage does not change."),
+        Choice("Without it the model falls back on the singular: the head is needed to bring plural "
+               "number to the verb, not for agreement across attractors in general.", True,
+               "Split by the answer, the loss is all on one class; the overall accuracy sits near "
+               "what 'right on singulars, a coin flip on plurals' gives. Section 7's patching then "
+               "tests whether the number itself travels through that head."),
+        Choice("It handles about a quarter of the attractor constructions, and the other heads handle the rest.", False,
+               "The damage is not spread over constructions but over one answer class: every "
+               "singular item is still right, whatever its construction."),
+        Choice("It is a backup head: a quarter of the items needed it because the main head was uncertain.", False,
+               "A backup shows up when another head is removed with it; here the split by number "
+               "already explains the fall, with nothing removed but this head."),
     ),
 ))
 
 _add(Question(
-    id="05.scores",
-    prompt="Section 6: layer 1 head 0 puts 0.74 of its weight on the subject before a verb, yet "
-           "removing it costs no agreement (0.000). How does the notebook tell a backup head from "
-           "a head whose output the model does not use?",
+    id="05.patching",
+    prompt="Section 7: in seed 0, the layer-1 head with the highest verb -> subject attention score "
+           "flips few verbs when its output is patched in from the sentence with the subject's number "
+           "flipped, while another layer-1 head, with a lower score, flips most of them. What follows?",
     choices=(
-        Choice("Remove it together with layer 1 head 2: a backup would make the pair cost more "
-               "than head 2 alone; here the pair gives 0.716 against 0.720.", True,
-               "A backup only shows when the head it backs up is gone. Since the pair costs no "
-               "more, head 0 looks at the subject but what it carries is not what the verb's number "
-               "is read from."),
-        Choice("Compute its agreement score on more sentences until it falls.", False,
-               "The score measures where the head looks, averaged over every verb of 256 fresh "
-               "sequences: more sentences will not tell what its output is used for."),
-        Choice("Remove every head except head 0 and check that agreement survives.", False,
-               "That removes the heads the model needs (layer 0 head 2 and layer 1 head 2) and "
-               "breaks agreement whatever head 0 does: it cannot separate the two explanations."),
+        Choice("Where a head looks is not what it writes: the number reaches the verb mostly through the "
+               "second head's output, whatever the first head's attention shows.", True,
+               "Patching moves exactly one head's output between two inputs that differ only in the "
+               "subject's number. The head whose output carries that difference is the one that "
+               "changes the verb; a high score is a hypothesis that this test can reject."),
+        Choice("Patching is unreliable here, because the flipped sentence is ungrammatical.", False,
+               "The flipped sentence is grammatical: its verb forms are not given to the model, and "
+               "the subject relative clause's verb is flipped with the subject. The model prefers the "
+               "other form on it, as it should."),
+        Choice("The first head must be broken: a head that attends to the subject always carries its number.", False,
+               "Attention weights choose which value vectors are averaged; what those vectors contain, "
+               "and what o_proj writes from them, is separate. A head can read the subject and pass on "
+               "something other than its number."),
     ),
 ))
 

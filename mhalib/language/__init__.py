@@ -11,18 +11,26 @@ Modules, one concept each:
 * :mod:`mhalib.language.training`: :func:`train_language`, :func:`lm_loss`,
   :func:`loss_by_role`.
 * :mod:`mhalib.language.probes`: :func:`make_probe_set` ("agreement", "coreference"),
-  :func:`probe_accuracy`, the :class:`Bigram` baseline.
+  :func:`probe_accuracy`, the :class:`Bigram` baseline and :func:`shallow_baselines`
+  (first noun, nearest noun, majority class).
 * :mod:`mhalib.language.heads`: :func:`head_scores` (previous-token, ``<bos>``,
-  verb -> subject, pronoun -> antecedent, induction) and :func:`ablation_table`.
+  verb -> subject, pronoun -> antecedent, induction), :func:`ablation_table`, and the
+  interventions that test what a score suggests: :func:`number_patching` (does a head
+  carry the subject's number?), :func:`path_patching` (does an earlier head act by
+  changing where a later head looks?), :func:`mean_ablation`.
 
 ``python -m mhalib.language train`` trains the shipped model again from its seed;
 ``python -m mhalib.language --help`` lists the other runs (the H sweep, seeds, dropout).
 """
 
 from mhalib.language.grammar import VOCAB, decode, encode, sample_sequences
-from mhalib.language.heads import SCORE_NAMES, ablation_table, attention_weights, bos_score, head_scores, relation_score
-from mhalib.language.model import LanguageConfig, LanguageModel, load_language_model, save_language_model
-from mhalib.language.probes import PROBE_KINDS, Bigram, ProbeSet, make_probe_set, probe_accuracy, probe_margins
+from mhalib.language.heads import (SCORE_NAMES, ablation_table, attention_weights, bos_score, flip_subject_number,
+                                   head_scores, mean_ablation, number_patching, path_patching, record_heads,
+                                   relation_score)
+from mhalib.language.model import (SHIPPED_SEEDS, LanguageConfig, LanguageModel, load_language_model,
+                                   save_language_model)
+from mhalib.language.probes import (CONTROL, HELD_OUT, PROBE_KINDS, Bigram, ProbeSet, make_probe_set, probe_accuracy,
+                                    probe_margins, shallow_baselines)
 from mhalib.language.training import lm_loss, loss_by_role, new_language_model, token_losses, train_language
 
 __all__ = [
@@ -32,6 +40,7 @@ __all__ = [
     "sample_sequences",
     "LanguageConfig",
     "LanguageModel",
+    "SHIPPED_SEEDS",
     "load_language_model",
     "save_language_model",
     "new_language_model",
@@ -44,6 +53,9 @@ __all__ = [
     "make_probe_set",
     "probe_margins",
     "probe_accuracy",
+    "HELD_OUT",
+    "CONTROL",
+    "shallow_baselines",
     "Bigram",
     "SCORE_NAMES",
     "attention_weights",
@@ -51,4 +63,9 @@ __all__ = [
     "bos_score",
     "head_scores",
     "ablation_table",
+    "flip_subject_number",
+    "record_heads",
+    "number_patching",
+    "path_patching",
+    "mean_ablation",
 ]

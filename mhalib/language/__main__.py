@@ -1,23 +1,28 @@
 """Train the language model of notebook 05 and the runs it compares against.
 
-Usage (from the repository root; each model trains in 2 to 3 minutes on one CPU thread)::
+Usage (from the repository root; each model trains in about 2 minutes on one CPU thread)::
 
-    python -m mhalib.language train    # the shipped model -> mhalib/data/language_model.pt/.json
-    python -m mhalib.language heads    # H = 1, 2, 8, 16 at d_model 64 -> mhalib/data/language_heads.json
-    python -m mhalib.language variants # seeds 1-3, dropout 0.1, 3 layers -> mhalib/data/language_variants.json
-    python -m mhalib.language check    # train the shipped model again and compare with the shipped numbers
-    python -m mhalib.language all      # train, heads, variants
+    python -m mhalib.language train    # seed 0 of the recipe -> mhalib/data/language_model.pt/.json
+    python -m mhalib.language seeds    # seeds 1-4 of the recipe -> mhalib/data/language_model_seed{1..4}.pt/.json
+    python -m mhalib.language heads    # H = 1, 2, 8, 16, seeds 0-2 -> mhalib/data/language_heads.json
+    python -m mhalib.language variants # dropout 0.1, seeds 0-4 -> mhalib/data/language_variants.json
+    python -m mhalib.language measure  # measure the shipped models again (no training)
+    python -m mhalib.language check    # train seed 0 again and compare with the shipped numbers
+    python -m mhalib.language all      # train, seeds, heads, variants
 
 The rule, fixed before any of these models was trained: every model follows :data:`RECIPE`
-(2 layers, d_model 64, 4 heads, no dropout, 3,000 steps of 32 sequences, seed 0) with
-one thing changed; the shipped model *is* seed 0 of the recipe, whatever its ablations
-show; seeds 1, 2 and 3 measure how often the textbook's claim holds. No seed was chosen
-by its result.
+(2 layers, d_model 64, 4 heads, no dropout, 3,000 steps of 32 sequences) with one thing
+changed; seeds 0-4 of the recipe all ship, and a claim about the trained model is
+counted over those five (seed 0 is the one the notebook shows first, whatever its
+ablations show). No seed was chosen by its result. The H sweep and the variants train
+seeds of their own recipes; their weights go to ``artifacts/language_runs/`` (not
+shipped), their measurements to ``mhalib/data``.
 
 Every model is measured the same way (:func:`measure`): the loss on 256 fresh sequences
-(evaluation seed 0), both probes on 1,000 fresh items each (probe seed 0), the five head
-scores, and the ablation of every single head. Notebook 05 measures the shipped model
-again on other seeds (1), and the tests on others still (2).
+(evaluation seed 0); both probes on 1,000 fresh items each (probe seed 0), by
+construction and by answer; the control and held-out sets (400 items each); the five
+head scores; and the ablation of every single head on all of these. Notebook 05 measures
+the shipped models again on other seeds (1), and the tests on others still (2).
 """
 
 from __future__ import annotations
@@ -30,15 +35,22 @@ import time
 import numpy as np
 import torch
 
-from mhalib.language.heads import ablation_table, head_scores
-from mhalib.language.model import DATA_DIR, SHIPPED, load_language_model, save_language_model
-from mhalib.language.probes import PROBE_KINDS, make_probe_set, probe_margins
+from pathlib import Path
+
+from mhalib.language.heads import head_scores
+from mhalib.language.model import DATA_DIR, SHIPPED_SEEDS, load_language_model, save_language_model, shipped_path
+from mhalib.language.probes import CONTROL, HELD_OUT, PROBE_KINDS, make_probe_set, probe_margins
 from mhalib.language.training import loss_by_role, new_language_model, train_language
 
 #: The shipped model's recipe; every other run changes one entry.
 RECIPE = {"seed": 0, "steps": 3000, "batch_size": 32, "lr": 3e-3, "warmup": 100, "threads": 1,
           "d_model": 64, "num_heads": 4, "num_layers": 2, "dropout": 0.0}
-EVAL = {"seed": 0, "n_sequences": 256, "n_probes": 1000}
+EVAL = {"seed": 0, "n_sequences": 256, "n_probes": 1000, "n_extra": 400}
+#: Seeds of the recipe that ship (seed 0 is ``language_model``, the others ``language_model_seed{s}``).
+SEEDS = SHIPPED_SEEDS
+#: Seeds per H in the sweep of the number of heads.
+SWEEP_SEEDS = (0, 1, 2)
+RUNS_DIR = Path("artifacts") / "language_runs"  # weights of the sweeps (not shipped)
 #: The textbook's claim, tested on every run: some single head's ablation costs a probe at
 #: least DROP in accuracy while the average loss rises by at most RISE (a fraction).
 CLAIM = {"drop": 0.2, "rise": 0.10}
@@ -95,7 +107,7 @@ def claim_summary(rows):
 
         worst = max(rows[1:], key=drop)
         out[probe] = {
-            "head": worst["ablate"][0],
+            "head": list(worst["ablate"][0]),
             "drop": drop(worst),
             "loss_change": worst["loss"] - base["loss"],
             "loss_change_percent": 100 * (worst["loss"] / base["loss"] - 1),
@@ -105,25 +117,66 @@ def claim_summary(rows):
     return out
 
 
+def probe_sets(seed, n=None, n_extra=None):
+    """The probe sets every model is measured on: dict name -> ProbeSet.
+
+    ``"agreement"``, ``"coreference"`` (``n`` items), ``"agreement control"`` (nothing
+    between subject and verb), ``"agreement held-out"``, ``"coreference held-out"``
+    (``n_extra`` items; constructions the training text never has).
+    """
+    n, n_extra = n or EVAL["n_probes"], n_extra or EVAL["n_extra"]
+    sets = {kind: make_probe_set(kind, n, seed) for kind in PROBE_KINDS}
+    sets["agreement control"] = make_probe_set("agreement", n_extra, seed, constructions=CONTROL["agreement"])
+    for kind in PROBE_KINDS:
+        sets[f"{kind} held-out"] = make_probe_set(kind, n_extra, seed, constructions=HELD_OUT[kind])
+    return sets
+
+
+def accuracies(model, sets, ablate=None):
+    """Accuracy on every set, and split by construction and by answer.
+
+    Returns:
+        dict name -> accuracy, plus ``"NAME | construction"`` and ``"NAME | answer"``
+        entries (e.g. ``"agreement | pl"``: plural subjects only).
+    """
+    out = {}
+    for name, p in sets.items():
+        right = probe_margins(model, p, ablate) > 0
+        out[name] = float(right.mean())
+        for field in ("constructions", "answers"):
+            values = getattr(p, field)
+            for v in np.unique(values):
+                out[f"{name} | {v}"] = float(right[values == v].mean())
+        two = p.second_keys >= 0  # a verb carrying its pronoun: its subject and its antecedent
+        if p.kind == "coreference" and two.any():
+            query_is_subject = p.second_keys == p.positions - 1
+            out[f"{name} | two words, subject is the query"] = float(right[two & query_is_subject].mean())
+            out[f"{name} | two words, subject elsewhere"] = float(right[two & ~query_is_subject].mean())
+    return out
+
+
 def measure(model, seed=EVAL["seed"]):
-    """Loss, probes (overall and by construction), head scores and single-head ablations.
+    """Loss, every probe set (by construction and answer), head scores, single-head ablations.
 
     Returns a JSON-ready dict; floats are rounded to 6 digits.
     """
-    probes = {kind: make_probe_set(kind, EVAL["n_probes"], seed) for kind in PROBE_KINDS}
-    by_construction = {}
-    for kind, p in probes.items():
-        right = probe_margins(model, p) > 0
-        by_construction[kind] = {str(c): float(right[p.constructions == c].mean()) for c in np.unique(p.constructions)}
-    rows = ablation_table(model, probes["agreement"], probes["coreference"], n=EVAL["n_sequences"], seed=seed)
+    sets = probe_sets(seed)
+    heads = [[]] + [[(layer, head)] for layer in range(model.num_layers) for head in range(model.num_heads)]
+    rows = []
+    for ablate in heads:
+        loss = loss_by_role(model, EVAL["n_sequences"], seed, ablate or None)
+        rows.append({"ablate": [list(p) for p in ablate], "loss": loss["all"],
+                     **{f"loss_{k}": v for k, v in loss.items() if k != "all" and not k.startswith("share")},
+                     **accuracies(model, sets, ablate or None)})
     scores = head_scores(model, EVAL["n_sequences"], seed)
+    base = rows[0]
     result = {
         "eval_seed": seed,
         "loss": loss_by_role(model, EVAL["n_sequences"], seed),
-        "probes": {kind: rows[0][kind] for kind in PROBE_KINDS},
-        "probes_by_construction": by_construction,
+        "probes": {kind: base[kind] for kind in PROBE_KINDS},
+        "accuracy": {k: v for k, v in base.items() if k != "ablate" and not k.startswith("loss")},
         "head_scores": {k: v.tolist() for k, v in scores.items()},
-        "ablation": [{**r, "ablate": [list(p) for p in r["ablate"]]} for r in rows],
+        "ablation": rows,
         "claim": claim_summary(rows),
     }
     return _rounded(result)
@@ -144,22 +197,69 @@ def _write(path, data):
     print(f"wrote {path}")
 
 
-def cmd_train(args):
-    model, history, seconds = train_recipe(RECIPE, "shipped model")
-    print(f"trained in {seconds:.0f} s; measuring")
-    previous = DATA_DIR / f"{SHIPPED}.pt"
-    if previous.exists():
-        old = torch.load(previous, weights_only=True)
-        same = all(torch.equal(old[k], v) for k, v in model.state_dict().items())
-        print(f"the same weights as the file it replaces, bit for bit: {same}")
+def _history(losses):
+    losses = np.array(losses)
+    return {"first_steps": _rounded(losses[:HISTORY_FIRST].tolist()),
+            "mean_per_10_steps": _rounded(losses.reshape(-1, 10).mean(axis=1).tolist())}
+
+
+def _job(job):
+    """Train (or, with ``reuse``, load) one model, measure it, save it; runs in a worker process."""
+    name, recipe, path, shipped, reuse = job
+    torch.set_num_threads(1)
+    if reuse and Path(f"{path}.pt").exists():
+        model, history, seconds = load_language_model(path), None, None
+    else:
+        model, history, seconds = train_recipe(recipe, name, progress=False)
     measured = measure(model)
-    losses = np.array(history["loss"])
-    save_language_model(model, DATA_DIR / SHIPPED, recipe=RECIPE, eval=EVAL, claim_rule=CLAIM,
-                        tolerance=TOLERANCE, measured=measured,
-                        history={"first_steps": _rounded(losses[:HISTORY_FIRST].tolist()),
-                                 "mean_per_10_steps": _rounded(losses.reshape(-1, 10).mean(axis=1).tolist())},
-                        trained_by="python -m mhalib.language train")
-    print(f"saved {DATA_DIR / SHIPPED}.pt; probes {measured['probes']}, loss {measured['loss']['all']:.4f}")
+    if history is not None:
+        extra = dict(eval=EVAL, claim_rule=CLAIM, tolerance=TOLERANCE) if shipped else {}
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        save_language_model(model, path, recipe=recipe, measured=measured, history=_history(history["loss"]),
+                            trained_by=f"python -m mhalib.language {'train' if shipped else 'heads/variants'}",
+                            **extra)
+    return name, recipe, measured, seconds
+
+
+def _run(jobs):
+    """Run ``_job`` on every job, one after the other; returns {name: (recipe, measured)} in job order.
+
+    To use more cores, start several commands at once (each trains on one thread).
+    """
+    done = {}
+    for name, recipe, measured, seconds in map(_job, jobs):
+        print(f"{name}: probes {measured['probes']}, loss {measured['loss']['all']:.4f}"
+              + (f" (trained in {seconds:.0f} s)" if seconds else " (measured)"), flush=True)
+        done[name] = (recipe, measured)
+    return done
+
+
+def _shipped_jobs(seeds, reuse=False):
+    return [(f"seed {s}", dict(RECIPE, seed=s), shipped_path(s), True, reuse) for s in seeds]
+
+
+def cmd_train(args):
+    previous = shipped_path(0).with_suffix(".pt")
+    old = torch.load(previous, weights_only=True) if previous.exists() else None
+    _run(_shipped_jobs([0]))
+    if old is not None:
+        new = torch.load(previous, weights_only=True)
+        same = old.keys() == new.keys() and all(torch.equal(old[k], v) for k, v in new.items())
+        print(f"the same weights as the file it replaced, bit for bit: {same}")
+
+
+def cmd_seeds(args):
+    _run(_shipped_jobs([s for s in SEEDS if s != 0]))
+
+
+def cmd_measure(args):
+    """Measure the shipped models again, without training (after a change to :func:`measure`)."""
+    for seed in SEEDS:
+        model = load_language_model(shipped_path(seed))
+        meta = {k: v for k, v in model.metadata.items() if k not in ("config", "format")}
+        meta["measured"] = measure(model)
+        save_language_model(model, shipped_path(seed), **meta)
+        print(f"seed {seed}: probes {meta['measured']['probes']}")
 
 
 def cmd_check(args):
@@ -179,43 +279,52 @@ def cmd_check(args):
     print("within the tolerances of the shipped numbers", TOLERANCE)
 
 
+def _sweep_jobs(recipes, reuse):
+    return [(name, recipe, RUNS_DIR / name.replace(" ", "_").replace(",", "").replace(".", "p"), False, reuse)
+            for name, recipe in recipes.items()]
+
+
+def _shipped_measurements():
+    return {f"seed {s}": load_language_model(shipped_path(s)).metadata["measured"] for s in SEEDS}
+
+
 def cmd_heads(args):
+    recipes = {f"H {h}, seed {s}": dict(RECIPE, num_heads=h, seed=s)
+               for h in HEADS_SWEEP if h != RECIPE["num_heads"] for s in SWEEP_SEEDS}
+    results = _run(_sweep_jobs(recipes, args.reuse))
+    shipped = _shipped_measurements()  # H = 4 is the recipe itself: its seeds ship
     runs = []
     for h in HEADS_SWEEP:
-        recipe = dict(RECIPE, num_heads=h)
-        if h == RECIPE["num_heads"]:
-            shipped = load_language_model()  # the same recipe: no need to train it twice
-            measured, seconds = shipped.metadata["measured"], None
-        else:
-            model, _, seconds = train_recipe(recipe, f"H = {h}")
-            measured = measure(model)
-        runs.append({"recipe": recipe, "head_dim": RECIPE["d_model"] // h, "measured": measured})
-        print(f"H = {h:2d}: probes {measured['probes']}, loss {measured['loss']['all']:.4f}")
-    _write(DATA_DIR / "language_heads.json", {"d_model": RECIPE["d_model"], "runs": runs,
-                                              "made_by": "python -m mhalib.language heads"})
+        for s in SWEEP_SEEDS:
+            recipe, measured = (dict(RECIPE, seed=s), shipped[f"seed {s}"]) if h == RECIPE["num_heads"] \
+                else results[f"H {h}, seed {s}"]
+            runs.append({"recipe": recipe, "head_dim": RECIPE["d_model"] // h, "measured": measured})
+    _write(DATA_DIR / "language_heads.json", {"d_model": RECIPE["d_model"], "seeds": list(SWEEP_SEEDS),
+                                              "runs": runs, "made_by": "python -m mhalib.language heads"})
+
+
+VARIANTS = {"dropout 0.1": {"dropout": 0.1}}
 
 
 def cmd_variants(args):
-    variants = {f"seed {s}": dict(RECIPE, seed=s) for s in (1, 2, 3)}
-    variants["dropout 0.1"] = dict(RECIPE, dropout=0.1)
-    variants["3 layers"] = dict(RECIPE, num_layers=3)
-    out = {"seed 0": {"recipe": RECIPE, "measured": load_language_model().metadata["measured"]}}
-    for name, recipe in variants.items():
-        model, _, _ = train_recipe(recipe, name)
-        out[name] = {"recipe": recipe, "measured": measure(model)}
-        claim = out[name]["measured"]["claim"]
-        print(f"{name}: " + ", ".join(f"{k} drop {v['drop']:.2f} at {v['loss_change_percent']:+.1f}%"
-                                      for k, v in claim.items()))
-    _write(DATA_DIR / "language_variants.json", {"runs": out, "claim_rule": CLAIM,
+    recipes = {f"{variant}, seed {s}": dict(RECIPE, seed=s, **change)
+               for variant, change in VARIANTS.items() for s in SEEDS}
+    results = _run(_sweep_jobs(recipes, args.reuse))
+    out = {name: {"recipe": recipe, "measured": measured} for name, (recipe, measured) in results.items()}
+    _write(DATA_DIR / "language_variants.json", {"runs": out, "claim_rule": CLAIM, "seeds": list(SEEDS),
                                                  "made_by": "python -m mhalib.language variants"})
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m mhalib.language", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("train", "heads", "variants", "check", "all"))
+    parser.add_argument("command", choices=("train", "seeds", "heads", "variants", "measure", "check", "all"))
+    parser.add_argument("--reuse", action="store_true",
+                        help="heads/variants: measure the weights already in artifacts/language_runs instead of "
+                             "training them again")
     args = parser.parse_args(argv)
-    commands = {"train": [cmd_train], "heads": [cmd_heads], "variants": [cmd_variants], "check": [cmd_check],
-                "all": [cmd_train, cmd_heads, cmd_variants]}
+    commands = {"train": [cmd_train], "seeds": [cmd_seeds], "heads": [cmd_heads], "variants": [cmd_variants],
+                "measure": [cmd_measure], "check": [cmd_check],
+                "all": [cmd_train, cmd_seeds, cmd_heads, cmd_variants]}
     for command in commands[args.command]:
         command(args)
 

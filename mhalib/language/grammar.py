@@ -21,6 +21,11 @@ answer at every verb and pronoun is fixed by construction:
   The verb's number comes from its own subject, the pronoun from the previous sentence's
   subject: one position needs two earlier positions at once, and when both are things
   it needs the *number* of each, the same feature from two places;
+* **position does not give the answer**: a main clause may open with an introductory
+  phrase or clause that has a noun of its own ("near the cats the dog sleeps", "when the
+  birds sing the dogs run"), so the subject of a sentence, and so the antecedent of the
+  next pronoun, is not always its first noun. A rule "the verb agrees with the first noun
+  of its sentence" is right only where that noun has the subject's number;
 * a ``<bos>`` token, then sentences ended by ``"."`` until the sequence is full;
   some sentences repeat an earlier one word for word, which gives an induction head
   something to do.
@@ -67,6 +72,7 @@ WITH_OBJECT_PRONOUN = ("greet", "help")  # verb and object pronoun in one word: 
 ADJECTIVES = ("tired", "happy", "old", "small", "red", "big")
 PREPOSITIONS = ("near", "behind", "with", "under", "by", "beside")
 ADVERBS = ("today", "again", "often", "here", "there", "now")
+SUBORDINATORS = ("when", "while")  # an introductory clause: "when the cats sleep the dog runs"
 SUBJECT_PRONOUN = {"m": "he", "f": "she", None: "it"}  # singular; plural: "they"
 OBJECT_PRONOUN = {"m": "him", "f": "her", None: "it"}  # singular; plural: "them"
 BOS = "<bos>"
@@ -104,6 +110,7 @@ _OBJECT_FORMS = ("him", "her", "it", "them")
 
 def _build_vocab():
     words = [BOS, ".", "the", "that", "because", "does", "do", "not", "is", "are", "he", "she", "it", "they"]
+    words += list(SUBORDINATORS)
     words += [w for noun in THINGS for w in (noun, _plural(noun))]
     words += [w for g in "mf" for w in PEOPLE[g]] + [w for g in "mf" for w in NAMES[g]]
     words += [w for lemma in INTRANSITIVE + TRANSITIVE for w in (_verb(lemma, "sg"), lemma)]
@@ -201,7 +208,8 @@ class Event(NamedTuple):
     ``key`` the position it depends on (the subject's head noun, or the antecedent);
     ``correct`` the word, ``wrong`` the same verb with the other number (agreement) or
     the pronoun of the other gender or number (coreference, :func:`other_pronoun`);
-    ``across``: an attractor stands between subject and verb.
+    ``across``: another noun stands before the verb in its clause (an attractor between
+    subject and verb, or an introductory phrase or clause before the subject).
     """
 
     relation: str
@@ -256,6 +264,7 @@ class Grammar:
     subject_kinds = {"thing": 0.5, "person": 0.25, "name": 0.25}
     pronoun_subject = 0.2  # a sentence's subject is a pronoun (when there is an antecedent)
     attractors = {"none": 0.4, "pp": 0.3, "orc": 0.15, "src": 0.15}
+    intros = {"none": 0.5, "pp": 0.25, "clause": 0.25}  # "pp2" (two phrases) only when forced
     predicates = {"intransitive": 0.25, "copula": 0.15, "transitive": 0.25, "because": 0.15, "fused": 0.2}
     repeat = 0.15  # a sentence repeats an earlier pronoun-free one of the same sequence
     adverb = 0.4
@@ -304,8 +313,33 @@ class Grammar:
             return self.noun_phrase(rng, "thing", number=number)
         return np_
 
+    def intro(self, rng, kind, np_spec=None):
+        """Words of an introductory phrase or clause and the events inside it.
+
+        ``kind``: "none", "pp" ("near the cats"), "clause" ("when the cats sleep": its verb
+        agrees with its own subject) or "pp2" (two phrases, "near the cats behind the box":
+        never drawn in training text, a held-out construction for probes). ``np_spec``:
+        keywords for :meth:`noun_phrase` of the (first) noun. Returns ``(words, events)``
+        with event positions relative to the start of the phrase.
+        """
+        spec = dict(np_spec or {})
+        if kind == "none":
+            return [], []
+        if kind in ("pp", "pp2"):
+            words = [self._choice(rng, PREPOSITIONS)] + self.noun_phrase(rng, **spec)[0]
+            if kind == "pp2":
+                words += [self._choice(rng, PREPOSITIONS)] + self.noun_phrase(rng, **spec)[0]
+            return words, []
+        if kind == "clause":
+            np_words, head, number, _ = self.noun_phrase(rng, **spec)
+            verb = _verb(self._choice(rng, INTRANSITIVE), number)
+            words = [self._choice(rng, SUBORDINATORS)] + np_words + [verb]
+            return words, [Event("agreement", len(words) - 1, 1 + head, verb, other_number(verb))]
+        raise ValueError(f"intro must be one of 'none', 'pp', 'clause', 'pp2'; got {kind!r}")
+
     def sentence(self, rng, start, previous, *, subject=None, subject_number=None, subject_gender=None,
-                 attractor=None, attractor_number=None, distractor=None, predicate=None):
+                 attractor=None, attractor_number=None, distractor=None, predicate=None, intro=None,
+                 intro_np=None):
         """One sentence, ending with ".", as a :class:`_Sentence`.
 
         Args:
@@ -321,8 +355,13 @@ class Grammar:
                 person of that gender, or a thing of that number, in the attractor or the
                 object (where the predicate has one), to compete with the antecedent.
             predicate: "intransitive", "copula", "transitive", "because" or "fused".
+            intro: "none", "pp", "clause" or "pp2" (see :meth:`intro`).
+            intro_np: keywords for :meth:`noun_phrase` of the introduction's noun, e.g.
+                ``{"kind": "thing", "number": "pl"}``.
         """
-        words, events = [], []
+        if intro is None:
+            intro = self._choice(rng, self.intros)
+        words, events = self.intro(rng, intro, intro_np)
         has_pronoun = False
         if subject is None:
             can_pronoun = previous is not None and rng.random() < self.pronoun_subject
@@ -330,15 +369,16 @@ class Grammar:
         if subject == "pronoun":
             if previous is None:
                 raise ValueError("a pronoun subject needs a previous main clause")
-            words.append(_pronoun(previous.number, previous.gender))
-            subj = _Subject(0, previous.number, previous.gender)
-            events.append(Event("coreference", 0, previous.position, words[0], other_pronoun(words[0])))
+            pronoun = _pronoun(previous.number, previous.gender)
+            subj = _Subject(len(words), previous.number, previous.gender)
+            events.append(Event("coreference", len(words), previous.position, pronoun, other_pronoun(pronoun)))
+            words.append(pronoun)
             has_pronoun = True
             attractor = "none"
         else:
             np_words, head, number, gender = self.noun_phrase(rng, subject, subject_number, subject_gender)
+            subj = _Subject(len(words) + head, number, gender)
             words += np_words
-            subj = _Subject(head, number, gender)
         # a competitor for the antecedent: in the object or the attractor
         place_distractor = None
         if distractor is not None:
@@ -372,9 +412,13 @@ class Grammar:
         elif attractor == "src":  # the dog that chases the cats
             np_words, _, _, _ = other_np("attractor", attractor_number)
             words += ["that", _verb(self._choice(rng, TRANSITIVE), subj.number)] + np_words
+        elif attractor == "pp2":  # held out: the key near the cabinets behind the boxes
+            for _ in range(2):
+                np_words, _, _, _ = other_np("attractor", attractor_number)
+                words += [self._choice(rng, PREPOSITIONS)] + np_words
         elif attractor != "none":
-            raise ValueError(f"attractor must be one of 'none', 'pp', 'orc', 'src'; got {attractor!r}")
-        across = attractor != "none"
+            raise ValueError(f"attractor must be one of 'none', 'pp', 'orc', 'src', 'pp2'; got {attractor!r}")
+        across = attractor != "none" or intro != "none"
 
         if predicate is None:
             options = dict(self.predicates)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mhalib.attention import GroupedQueryAttention
+from mhalib.attention import GroupedQueryAttention, repeat_kv
 from mhalib.transformer import read_weights, write_weights
 from mhalib.language.grammar import SEQ_LEN, VOCAB
 from mhalib.validation import check_divisible
@@ -43,10 +43,21 @@ __all__ = [
     "load_language_model",
     "DATA_DIR",
     "SHIPPED",
+    "SHIPPED_SEEDS",
+    "shipped_path",
 ]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-SHIPPED = "language_model"  # mhalib/data/language_model.pt and .json
+SHIPPED = "language_model"  # mhalib/data/language_model.pt and .json (seed 0)
+#: The seeds of the recipe that ship: ``language_model`` (seed 0), ``language_model_seed1`` ...
+SHIPPED_SEEDS = (0, 1, 2, 3, 4)
+
+
+def shipped_path(seed=0):
+    """Where seed ``seed`` of the recipe ships (without the ``.pt``/``.json`` ending)."""
+    if seed not in SHIPPED_SEEDS:
+        raise ValueError(f"seed {seed!r} does not ship; the shipped seeds are {SHIPPED_SEEDS}")
+    return DATA_DIR / (SHIPPED if seed == 0 else f"{SHIPPED}_seed{seed}")
 INIT_STD = 0.02  # GPT-2's initialisation
 
 
@@ -105,11 +116,19 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x, *, zero_heads=(), need_weights=False):
+    def forward(self, x, *, zero_heads=(), need_weights=False, replace_z=None, replace_weights=None,
+                record=None):
         """Args:
             x: residual stream ``(B, N, d_model)``.
             zero_heads: heads whose output ``z`` is set to zero before ``o_proj``.
             need_weights: also return the attention weights ``(B, H, N, N)``.
+            replace_z: optional dict head -> ``(B, N, d_head)``: that head's output ``z``
+                is replaced (activation patching; a mean over items is a mean ablation).
+            replace_weights: optional dict head -> ``(B, N, N)``: that head attends with
+                these weights instead of its own (attention-pattern patching); its values
+                are still this run's.
+            record: optional dict; if given, ``record["z"]`` gets every head's output
+                ``(B, H, N, d_head)`` and ``record["weights"]`` the weights ``(B, H, N, N)``.
 
         Returns:
             the new residual stream ``(B, N, d_model)`` (and the weights if asked).
@@ -117,12 +136,25 @@ class Block(nn.Module):
         a = self.attn
         b, n, d = x.shape
         q, k, v = a.project(self.ln_1(x))  # (B, H, N, d_head), (B, g, N, d_head), (B, g, N, d_head)
-        result = a.attend(q, k, v, causal=True, need_weights=need_weights)
-        z, weights = result if need_weights else (result, None)  # z: (B, H, N, d_head)
+        explicit = need_weights or replace_weights or record is not None
+        result = a.attend(q, k, v, causal=True, need_weights=explicit)
+        z, weights = result if explicit else (result, None)  # z: (B, H, N, d_head)
+        if replace_weights:
+            weights = weights.clone()
+            for head, w in replace_weights.items():
+                weights[:, head] = w
+            v_all = repeat_kv(v, a.num_heads // a.num_kv_heads)  # (B, H, N, d_head)
+            z = weights @ v_all  # (B, H, N, d_head)
+        if replace_z:
+            z = z.clone()
+            for head, value in replace_z.items():
+                z[:, head] = value
         if zero_heads:
             keep = torch.ones(a.num_heads, 1, 1, dtype=z.dtype, device=z.device)  # (H, 1, 1)
             keep[list(zero_heads)] = 0.0
             z = z * keep  # (B, H, N, d_head): the chosen heads contribute nothing
+        if record is not None:
+            record["z"], record["weights"] = z, weights
         x = x + self.drop(a.o_proj(z.transpose(1, 2).reshape(b, n, d)))  # (B, N, d_model)
         x = x + self.drop(self.mlp(self.ln_2(x)))  # (B, N, d_model)
         return (x, weights) if need_weights else x
@@ -200,13 +232,20 @@ class LanguageModel(nn.Module):
     def num_heads(self):
         return self.config.num_heads
 
-    def forward(self, tokens, *, return_weights=False, ablate=None):
+    def forward(self, tokens, *, return_weights=False, ablate=None, replace_z=None, replace_weights=None,
+                record=None):
         """Next-token logits.
 
         Args:
             tokens: ``(B, N)`` int64 with ``N <= seq_len``.
             return_weights: also return every layer's attention weights.
             ablate: list of ``(layer, head)`` pairs whose outputs are zeroed.
+            replace_z: optional dict ``(layer, head) -> (B, N, d_head)``: replace that head's
+                output (activation patching, mean ablation).
+            replace_weights: optional dict ``(layer, head) -> (B, N, N)``: that head attends
+                with these weights (attention-pattern patching).
+            record: optional dict; filled with ``"z"`` ``(B, L, H, N, d_head)`` and
+                ``"weights"`` ``(B, L, H, N, N)`` of this run (the inputs of a patch).
 
         Returns:
             logits ``(B, N, vocab_size)``, or ``(logits, weights)`` with weights
@@ -220,14 +259,24 @@ class LanguageModel(nn.Module):
         if n > self.config.seq_len:
             raise ValueError(f"sequences of {n} tokens are longer than seq_len={self.config.seq_len}")
         zero = check_ablate(ablate, self.num_layers, self.num_heads)
+        by_layer = {}
+        for name, given in (("z", replace_z), ("weights", replace_weights)):
+            check_ablate(list(given or {}), self.num_layers, self.num_heads)
+            for (layer, head), value in (given or {}).items():
+                by_layer.setdefault((name, int(layer)), {})[int(head)] = value
         x = self.drop(self.embed(tokens) + self.pos.weight[:n])  # (B, N, d_model)
-        all_weights = []
+        all_weights, records = [], []
         for i, block in enumerate(self.blocks):
-            if return_weights:
-                x, w = block(x, zero_heads=zero.get(i, ()), need_weights=True)  # w: (B, H, N, N)
-                all_weights.append(w)
-            else:
-                x = block(x, zero_heads=zero.get(i, ()))  # (B, N, d_model)
+            layer_record = {} if record is not None else None
+            out = block(x, zero_heads=zero.get(i, ()), need_weights=return_weights,
+                        replace_z=by_layer.get(("z", i)), replace_weights=by_layer.get(("weights", i)),
+                        record=layer_record)
+            x, w = out if return_weights else (out, None)  # x: (B, N, d_model), w: (B, H, N, N)
+            all_weights.append(w)
+            records.append(layer_record)
+        if record is not None:
+            record["z"] = torch.stack([r["z"] for r in records], dim=1)  # (B, L, H, N, d_head)
+            record["weights"] = torch.stack([r["weights"] for r in records], dim=1)  # (B, L, H, N, N)
         logits = self.unembed(self.ln_f(x))  # (B, N, vocab_size)
         if return_weights:
             return logits, torch.stack(all_weights, dim=1)  # (B, L, H, N, N)
@@ -250,17 +299,19 @@ def save_language_model(model, path, **metadata):
     return write_weights(model, path, **metadata)
 
 
-def load_language_model(path=None):
-    """The shipped model of notebook 05 (or one saved by :func:`save_language_model`).
+def load_language_model(path=None, *, seed=0):
+    """A shipped model of notebook 05 (or one saved by :func:`save_language_model`).
 
     Args:
-        path: None for the shipped model, else a file name with or without ``.pt``/``.json``.
+        path: None for a shipped model, else a file name with or without ``.pt``/``.json``.
+        seed: which shipped seed of the recipe (:data:`SHIPPED_SEEDS`; 0, the default, is
+            the model the notebook shows first).
 
     Returns:
         a :class:`LanguageModel` in eval mode; its ``metadata`` attribute holds the JSON
         dict (config, training recipe, the numbers measured when it was saved).
     """
-    state, meta = read_weights(DATA_DIR / SHIPPED if path is None else path, "language model",
+    state, meta = read_weights(shipped_path(seed) if path is None else path, "language model",
                                "; train one with: python -m mhalib.language train")
     model = LanguageModel(LanguageConfig(**meta["config"]))
     model.load_state_dict(state)

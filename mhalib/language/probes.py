@@ -27,12 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mhalib.language.grammar import (SEQ_LEN, VOCAB, Grammar, decode, encode, make_rng,
-                                     sample_sequences)
+from mhalib.language.grammar import (NAMES, PEOPLE, SEQ_LEN, THINGS, VOCAB, WORD_TO_ID, Grammar, _plural,
+                                     decode, encode, make_rng, sample_sequences)
 from mhalib.language.training import TRAIN_STREAM
 from mhalib.training import num_threads
 
-__all__ = ["PROBE_KINDS", "ProbeSet", "make_probe_set", "probe_margins", "margins_from_logits", "probe_accuracy",
+__all__ = ["PROBE_KINDS", "HELD_OUT", "CONTROL", "ProbeSet", "make_probe_set", "shallow_baselines", "probe_tokens", "probe_margins", "margins_from_logits", "probe_accuracy",
            "Bigram"]
 
 PROBE_KINDS = ("agreement", "coreference")
@@ -52,6 +52,12 @@ class ProbeSet:
         correct, wrong: ``(n,)`` token ids of the right form and of the other form.
         keys: ``(n,)`` position of the word the form depends on (subject or antecedent).
         constructions: ``(n,)`` array of construction names (see the module docstring).
+        answers: ``(n,)`` the feature that decides the right form: the subject's number
+            ("sg", "pl") for agreement; the antecedent's gender ("m", "f") or, for a
+            thing, its number ("sg", "pl") for coreference.
+        second_keys: ``(n,)`` for a word with two dependencies (a verb carrying its object
+            pronoun, "greet-it"), the position of the *other* word its form depends on
+            (its subject, for a coreference item); -1 for every other item.
     """
 
     kind: str
@@ -61,6 +67,12 @@ class ProbeSet:
     wrong: np.ndarray
     keys: np.ndarray
     constructions: np.ndarray
+    answers: np.ndarray
+    second_keys: np.ndarray = None
+
+    def __post_init__(self):
+        if self.second_keys is None:
+            self.second_keys = np.full(len(self.positions), -1, dtype=np.int64)
 
     def __len__(self):
         return len(self.positions)
@@ -71,39 +83,65 @@ class ProbeSet:
         return " ".join(words) + f" [{VOCAB[self.correct[i]]} | {VOCAB[self.wrong[i]]}]"
 
 
-def _agreement_item(grammar, rng):
-    construction = grammar._choice(rng, ("pp", "orc", "src"))
+AGREEMENT_CONSTRUCTIONS = ("pp", "orc", "src")
+COREFERENCE_CONSTRUCTIONS = ("initial", "because", "fused")
+#: Constructions the training text never has, built only for probes: two prepositional
+#: phrases as the attractor ("pp_pp"), or two introductory phrases before the subject
+#: (or antecedent) ("intro_pp2").
+HELD_OUT = {"agreement": ("pp_pp", "intro_pp2"), "coreference": ("intro_pp2",)}
+#: A control: agreement with nothing between subject and verb ("none").
+CONTROL = {"agreement": ("none",)}
+
+
+def _intro_np(answer_kind):
+    """The introduction's noun: a thing of random number, or a person of random gender.
+
+    Its feature is drawn independently of the answer, so that "the first noun of the
+    sentence" is right on about half of the items, not on all of them.
+    """
+    return {"kind": "thing"} if answer_kind == "number" else {"kind": "person"}
+
+
+def _agreement_item(grammar, rng, construction):
+    number = grammar._choice(rng, ("sg", "pl"))  # balanced: half the subjects are plural
+    subject = "thing" if number == "pl" else grammar._choice(rng, {"thing": 0.5, "person": 0.25, "name": 0.25})
     predicate = grammar._choice(rng, ("intransitive", "copula", "transitive", "because", "fused"))
-    subject = grammar._choice(rng, {"thing": 0.5, "person": 0.25, "name": 0.25})
-    number = grammar._choice(rng, ("sg", "pl")) if subject == "thing" else "sg"
-    target = dict(subject=subject, subject_number=number, attractor=construction,
-                  attractor_number=_OTHER[number], predicate=predicate)
+    attractor = {"pp_pp": "pp2", "intro_pp2": "pp"}.get(construction, construction)
+    intro = "pp2" if construction == "intro_pp2" else grammar._choice(rng, ("pp", "clause"))
+    intro_np = {"kind": "thing", "number": grammar._choice(rng, ("sg", "pl"))}
+    target = dict(subject=subject, subject_number=number, attractor=attractor,
+                  attractor_number=_OTHER[number], predicate=predicate, intro=intro, intro_np=intro_np)
     forced = [None] * int(rng.random() < 0.5)
     if predicate == "fused":  # its object pronoun needs a singular person before it
         forced.append(dict(subject=grammar._choice(rng, ("person", "name"))))
-    return construction, forced + [target], "agreement"
+    return forced + [target], number
 
 
-def _coreference_item(grammar, rng):
-    construction = grammar._choice(rng, ("initial", "because", "fused"))
+def _coreference_item(grammar, rng, construction):
     kind = grammar._choice(rng, grammar.subject_kinds)  # the antecedent: a thing, a person, a name
+    intro = "pp2" if construction == "intro_pp2" else grammar._choice(rng, ("pp", "clause"))
     if kind == "thing":  # "it" against "they": a thing of the other number competes
-        number = grammar._choice(rng, ("sg", "pl"))
-        antecedent = dict(subject=kind, subject_number=number, distractor=("number", _OTHER[number]))
+        answer = grammar._choice(rng, ("sg", "pl"))
+        antecedent = dict(subject=kind, subject_number=answer, distractor=("number", _OTHER[answer]))
+        intro_np = {"kind": "thing", "number": grammar._choice(rng, ("sg", "pl"))}
     else:  # "he" against "she": a person of the other gender competes
-        gender = grammar._choice(rng, ("m", "f"))
-        antecedent = dict(subject=kind, subject_gender=gender, distractor=("gender", _OTHER[gender]))
+        answer = grammar._choice(rng, ("m", "f"))
+        antecedent = dict(subject=kind, subject_gender=answer, distractor=("gender", _OTHER[answer]))
+        intro_np = {"kind": grammar._choice(rng, ("person", "name")), "gender": grammar._choice(rng, ("m", "f"))}
+    antecedent.update(intro=intro, intro_np=intro_np)  # a noun before the antecedent
+    if construction != "because":  # no pronoun in the antecedent's sentence to copy
+        antecedent["predicate"] = grammar._choice(rng, ("intransitive", "copula", "transitive"))
     forced = [None] * int(rng.random() < 0.5)
-    if construction == "initial":
+    if construction in ("initial", "intro_pp2"):
         forced += [antecedent, dict(subject="pronoun")]
     elif construction == "because":
         forced += [dict(antecedent, predicate="because")]
-    else:
+    elif construction == "fused":
         forced += [antecedent, dict(subject=grammar._choice(rng, grammar.subject_kinds), predicate="fused")]
-    return construction, forced, "coreference"
+    return forced, answer
 
 
-def make_probe_set(kind, n, seed, seq_len=SEQ_LEN):
+def make_probe_set(kind, n, seed, seq_len=SEQ_LEN, constructions=None):
     """``n`` probe items of ``kind`` drawn with ``seed``; the same arguments give the same set.
 
     Args:
@@ -111,32 +149,48 @@ def make_probe_set(kind, n, seed, seq_len=SEQ_LEN):
         n: number of items.
         seed: seed of this probe set's own stream (different from the training text's).
         seq_len: tokens per sequence.
+        constructions: which constructions to draw from (uniformly). Default: the
+            constructions of the module docstring. Also allowed: :data:`HELD_OUT` (never in
+            the training text) and :data:`CONTROL` (agreement without an attractor).
 
     Returns:
-        a :class:`ProbeSet`. Constructions are drawn uniformly; half the items start with
-        one free sentence before the forced ones.
+        a :class:`ProbeSet`. Every item has a noun before the subject (agreement) or before
+        the antecedent (coreference), in an introductory phrase or clause, whose number or
+        gender is drawn independently of the answer; agreement subjects are half singular,
+        half plural. Half the items start with one free sentence before the forced ones.
     """
     if kind not in PROBE_KINDS:
         raise ValueError(f"kind must be one of {PROBE_KINDS}; got {kind!r}")
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be a positive int; got {n!r}")
-    rng = make_rng(seed, _STREAM[kind])
+    default = AGREEMENT_CONSTRUCTIONS if kind == "agreement" else COREFERENCE_CONSTRUCTIONS
+    allowed = default + HELD_OUT[kind] + CONTROL.get(kind, ())
+    constructions = default if constructions is None else tuple(constructions)
+    if not constructions or any(c not in allowed for c in constructions):
+        raise ValueError(f"constructions for {kind!r} must be a non-empty list from {allowed}; got {constructions!r}")
+    stream = _STREAM[kind] + (0 if constructions == default else 10 + allowed.index(constructions[0]))
+    rng = make_rng(seed, stream)
     grammar = Grammar()
     make_item = _agreement_item if kind == "agreement" else _coreference_item
-    rows, positions, correct, wrong, keys, constructions = [], [], [], [], [], []
+    rows, positions, correct, wrong, keys, built, answers, second = [], [], [], [], [], [], [], []
     for _ in range(n):
-        construction, forced, relation = make_item(grammar, rng)
+        construction = grammar._choice(rng, constructions)
+        forced, answer = make_item(grammar, rng, construction)
         words, events, _, marks = grammar.sequence(rng, seq_len, forced)
-        event = next(e for e in events[marks[-1]:] if e.relation == relation)
+        # the main verb (not the verb of an introductory clause), or the pronoun
+        event = next(e for e in events[marks[-1]:] if e.relation == kind and (kind == "coreference" or e.across))
+        other = [e.key for e in events[marks[-1]:] if e.target == event.target and e.relation != kind]
+        second.append(other[0] if other else -1)
         rows.append(encode(words))
         positions.append(event.target)
         correct.append(encode([event.correct])[0])
         wrong.append(encode([event.wrong])[0])
         keys.append(event.key)
-        constructions.append(construction)
+        built.append(construction)
+        answers.append(answer)
     as_int = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
     return ProbeSet(kind, as_int(rows), as_int(positions), as_int(correct), as_int(wrong), as_int(keys),
-                    np.array(constructions))
+                    np.array(built), np.array(answers), as_int(second))
 
 
 def _check_probes(probes):
@@ -144,25 +198,35 @@ def _check_probes(probes):
         raise ValueError(f"probes must be a ProbeSet from make_probe_set(kind, n, seed); got {type(probes).__name__}")
 
 
+def probe_tokens(probes):
+    """The probe sequences cut after the last position any item predicts: ``(n, N')`` int64 tensor.
+
+    The model is causal, so the tokens after that change nothing; patches passed to
+    :func:`probe_margins` must have this length ``N'``.
+    """
+    _check_probes(probes)
+    return torch.as_tensor(probes.tokens[:, : int(probes.positions.max())])  # (n, N')
+
+
 @torch.no_grad()
-def probe_margins(model, probes, ablate=None, *, threads=1):
+def probe_margins(model, probes, ablate=None, *, threads=1, replace_z=None, replace_weights=None):
     """``log p(right) - log p(wrong)`` for every item: positive means the model is right.
 
     Args:
         model: a :class:`~mhalib.language.model.LanguageModel`.
         probes: a :class:`ProbeSet`.
         ablate: list of ``(layer, head)`` pairs whose outputs are zeroed.
+        replace_z, replace_weights: patches, as in :meth:`LanguageModel.forward`, over
+            the tokens of :func:`probe_tokens`.
 
     Returns:
         NumPy ``(n,)`` float64, in nats.
     """
-    _check_probes(probes)
-    # the model is causal: the tokens after the last position to predict change nothing
-    tokens = torch.as_tensor(probes.tokens[:, : int(probes.positions.max())])  # (n, N')
+    tokens = probe_tokens(probes)  # (n, N')
     was_training = model.training
     model.eval()
     with num_threads(threads):
-        logits = model(tokens, ablate=ablate)  # (n, N, V)
+        logits = model(tokens, ablate=ablate, replace_z=replace_z, replace_weights=replace_weights)  # (n, N', V)
     model.train(was_training)
     return margins_from_logits(logits.numpy(), probes.positions, probes.correct, probes.wrong)
 
@@ -195,6 +259,69 @@ def probe_accuracy(model, probes, ablate=None):
         float in [0, 1].
     """
     return float((probe_margins(model, probes, ablate) > 0).mean())
+
+
+def _noun_features():
+    """word -> (number, gender) for every noun; gender None for things."""
+    features = {}
+    for noun in THINGS:
+        features[noun], features[_plural(noun)] = ("sg", None), ("pl", None)
+    for gender in "mf":
+        for word in PEOPLE[gender] + NAMES[gender]:
+            features[word] = ("sg", gender)
+    return features
+
+
+_NOUN = {WORD_TO_ID[w]: f for w, f in _noun_features().items()}
+_PERIOD, _BECAUSE = WORD_TO_ID["."], WORD_TO_ID["because"]
+
+
+def shallow_baselines(probes):
+    """Accuracy of rules that use position or surface form, not syntax.
+
+    * ``"first noun"``: agreement: the verb takes the number of the first noun of its
+      sentence; coreference: the pronoun refers to the first noun of the previous
+      sentence, or of its own sentence when a "because" comes before it. On the first
+      version of this grammar (subjects always first) both scored 1.0;
+    * ``"nearest noun"``: the noun closest before the word to predict;
+    * ``"majority"``: always the more frequent answer of each pair of forms in this set
+      ("sg" or "pl"; "m" or "f").
+
+    A noun that says nothing about the two forms (a thing for "he"/"she") counts 1/2.
+
+    Returns:
+        dict rule -> accuracy in [0, 1].
+    """
+    _check_probes(probes)
+    kind = probes.kind
+    first, nearest = [], []
+    for row, t, answer in zip(probes.tokens, probes.positions, probes.answers):
+        periods = [i for i in range(t) if row[i] == _PERIOD]
+        start = periods[-1] + 1 if periods else 1
+        scope = range(start, t)
+        if kind == "coreference" and _BECAUSE not in row[start:t]:
+            scope = range(periods[-2] + 1 if len(periods) > 1 else 1, start)  # the previous sentence
+        nouns = [int(row[i]) for i in scope if int(row[i]) in _NOUN]
+        first.append(_vote(_NOUN[nouns[0]], answer, kind) if nouns else 0.5)
+        before = [int(row[i]) for i in range(1, t) if int(row[i]) in _NOUN]
+        nearest.append(_vote(_NOUN[before[-1]], answer, kind) if before else 0.5)
+    answers = list(probes.answers)
+    majority = 0.0
+    for pair in (("sg", "pl"), ("m", "f")):
+        counts = [answers.count(a) for a in pair]
+        majority += max(counts)
+    return {"first noun": float(np.mean(first)), "nearest noun": float(np.mean(nearest)),
+            "majority": majority / len(answers)}
+
+
+def _vote(feature, answer, kind):
+    """1, 0 or 1/2: does a noun with ``feature`` (number, gender) give the right form?"""
+    number, gender = feature
+    if answer in ("m", "f"):  # "he" against "she": only a person's gender decides
+        return 0.5 if gender is None else float(gender == answer)
+    if kind == "coreference" and gender is not None:  # "it" against "they": a person is neither
+        return 0.5
+    return float(number == answer)
 
 
 class Bigram:
