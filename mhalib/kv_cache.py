@@ -18,6 +18,7 @@ from mhalib.np_attention import merge_heads, scaled_dot_product_attention, split
 from mhalib.validation import check_divisible
 
 __all__ = [
+    "check_decode_inputs",
     "kv_cache_bytes",
     "MODEL_CONFIGS",
     "model_kv_bytes",
@@ -213,6 +214,39 @@ class KVCache:
         return 2 * b * g * self._len * d * self._k.element_size()
 
 
+def check_decode_inputs(x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads):
+    """Validate the inputs of one decoding step (:func:`decode_step` and RoPE's).
+
+    Returns:
+        ``(x_new, k_cache, v_cache, num_kv_heads, head_dim)``, the arrays as NumPy arrays.
+        Raises ``ValueError`` naming the shape given and the one expected.
+    """
+    x_new = np.asarray(x_new)
+    k_cache, v_cache = np.asarray(k_cache), np.asarray(v_cache)
+    if x_new.ndim != 3 or x_new.shape[1] != 1:
+        raise ValueError(f"x_new must be (B, 1, d_model); got shape {x_new.shape}")
+    b, _, d_model = x_new.shape
+    check_divisible(d_model, num_heads, "d_model", "num_heads")
+    head_dim = d_model // num_heads
+    for name, w in (("w_q", w_q), ("w_o", w_o)):
+        if np.shape(w) != (d_model, d_model):
+            raise ValueError(f"{name} must be ({d_model}, {d_model}) (x @ W convention); got {np.shape(w)}")
+    if np.ndim(w_k) != 2 or np.shape(w_k) != np.shape(w_v) or np.shape(w_k)[0] != d_model \
+            or np.shape(w_k)[1] % head_dim:
+        raise ValueError(
+            f"w_k and w_v must be ({d_model}, g * {head_dim}); got {np.shape(w_k)} and {np.shape(w_v)}"
+        )
+    num_kv_heads = np.shape(w_k)[1] // head_dim
+    check_divisible(num_heads, num_kv_heads, "num_heads", "num_kv_heads")
+    want = (b, num_kv_heads, head_dim)
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.ndim != 4 or (c.shape[0], c.shape[1], c.shape[3]) != want:
+            raise ValueError(f"{name} must be (B={b}, g={num_kv_heads}, T, d_head={head_dim}); got {c.shape}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must match; got {k_cache.shape} and {v_cache.shape}")
+    return x_new, k_cache, v_cache, num_kv_heads, head_dim
+
+
 def decode_step(x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads):
     """One step of autoregressive decoding with a KV cache (NumPy, multi-head attention).
 
@@ -234,29 +268,8 @@ def decode_step(x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads):
         ``(out, k_cache, v_cache)``: ``out`` is ``(B, 1, d_model)``; the caches are new
         arrays ``(B, H, T + 1, d_head)``.
     """
-    x_new = np.asarray(x_new)
-    k_cache, v_cache = np.asarray(k_cache), np.asarray(v_cache)
-    if x_new.ndim != 3 or x_new.shape[1] != 1:
-        raise ValueError(f"x_new must be (B, 1, d_model); got shape {x_new.shape}")
-    b, _, d_model = x_new.shape
-    check_divisible(d_model, num_heads, "d_model", "num_heads")
-    head_dim = d_model // num_heads
-    for name, w, width in (("w_q", w_q, d_model), ("w_o", w_o, d_model)):
-        if np.shape(w) != (d_model, width):
-            raise ValueError(f"{name} must be ({d_model}, {width}) (x @ W convention); got {np.shape(w)}")
-    if np.ndim(w_k) != 2 or np.shape(w_k) != np.shape(w_v) or np.shape(w_k)[0] != d_model \
-            or np.shape(w_k)[1] % head_dim:
-        raise ValueError(
-            f"w_k and w_v must be ({d_model}, g * {head_dim}); got {np.shape(w_k)} and {np.shape(w_v)}"
-        )
-    num_kv_heads = np.shape(w_k)[1] // head_dim
-    check_divisible(num_heads, num_kv_heads, "num_heads", "num_kv_heads")
-    want = (b, num_kv_heads, head_dim)
-    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if c.ndim != 4 or (c.shape[0], c.shape[1], c.shape[3]) != want:
-            raise ValueError(f"{name} must be (B={b}, {num_kv_heads}, T, d_head={head_dim}); got {c.shape}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must match; got {k_cache.shape} and {v_cache.shape}")
+    x_new, k_cache, v_cache, num_kv_heads, head_dim = check_decode_inputs(
+        x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads)
 
     q = split_heads(x_new @ w_q, num_heads)  # (B, H, 1, d_head)
     k = split_heads(x_new @ w_k, num_kv_heads)  # (B, g, 1, d_head)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from mhalib.attention import GroupedQueryAttention
+from mhalib.kv_cache import check_decode_inputs
 from mhalib.np_attention import merge_heads, scaled_dot_product_attention, split_heads
 from mhalib.validation import check_divisible
 
@@ -165,26 +166,9 @@ def rope_decode_step(x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads, bas
     Returns:
         ``(out, k_cache, v_cache)``: ``(B, 1, d_model)`` and new caches ``(B, g, T + 1, d_head)``.
     """
-    x_new = np.asarray(x_new)
-    k_cache, v_cache = np.asarray(k_cache), np.asarray(v_cache)
-    if x_new.ndim != 3 or x_new.shape[1] != 1:
-        raise ValueError(f"x_new must be (B, 1, d_model); got shape {x_new.shape}")
-    b, _, d_model = x_new.shape
-    check_divisible(d_model, num_heads, "d_model", "num_heads")
-    head_dim = _check_head_dim(d_model // num_heads)
-    for name, w in (("w_q", w_q), ("w_o", w_o)):
-        if np.shape(w) != (d_model, d_model):
-            raise ValueError(f"{name} must be ({d_model}, {d_model}) (x @ W convention); got {np.shape(w)}")
-    if np.ndim(w_k) != 2 or np.shape(w_k) != np.shape(w_v) or np.shape(w_k)[0] != d_model \
-            or np.shape(w_k)[1] % head_dim:
-        raise ValueError(f"w_k and w_v must be ({d_model}, g * {head_dim}); got {np.shape(w_k)} and {np.shape(w_v)}")
-    num_kv_heads = np.shape(w_k)[1] // head_dim
-    check_divisible(num_heads, num_kv_heads, "num_heads", "num_kv_heads")
-    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if c.ndim != 4 or (c.shape[0], c.shape[1], c.shape[3]) != (b, num_kv_heads, head_dim):
-            raise ValueError(f"{name} must be (B={b}, g={num_kv_heads}, T, d_head={head_dim}); got {c.shape}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must match; got {k_cache.shape} and {v_cache.shape}")
+    x_new, k_cache, v_cache, num_kv_heads, head_dim = check_decode_inputs(
+        x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads)
+    _check_head_dim(head_dim)
 
     position = np.array([k_cache.shape[2]])  # (1,): continues from the cache
     q = apply_rope(split_heads(x_new @ w_q, num_heads), position, base)  # (B, H, 1, d_head)

@@ -113,3 +113,18 @@ def test_each_misread_rule_loses_points_and_is_named(mistake, tmp_path):
             assert named[c.name] in c.output, c.output
         else:  # the mistake costs only the checks it belongs to
             assert c.score == c.max_score, result.text()
+
+
+@pytest.mark.parametrize("mistake", sorted(MUTATIONS))
+def test_check_rejects_each_misread_rule_as_the_grader_does(mistake, capsys):
+    """check(), the notebook's self-check, fails every mutant on the checks the grader takes points from."""
+    from mhalib.check import check
+    from mhalib.grade import exercises as registry
+
+    replacements, named = MUTATIONS[mistake]
+    ns = {}
+    exec(compile(mutate(ANSWER, replacements), "<answer>", "exec"), ns)  # noqa: S102  (the test's own answer)
+    for graded in registry.get(KEY).graded:
+        if graded.name in named:
+            assert check(graded.lookup, ns[graded.lookup]) is False, (mistake, graded.name)
+            assert f"\u2718 {graded.name}" in capsys.readouterr().out

@@ -31,10 +31,24 @@ CONTEXT_OPTIONS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 DTYPE_BYTES = {"fp32": 4, "fp16 / bf16": 2, "int8": 1}
 
 
+def _cache_axes(ax, ns, dtype, b):
+    """Log-log axes for cache bytes against context length ``ns``, labelled in bytes and tokens."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_locator(LogLocator(base=4))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: format_bytes(y * 2**30)))
+    ax.set_xticks(ns, [f"{int(x) // 1024}k" if x >= 1024 else str(int(x)) for x in ns])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel(f"KV cache ({dtype}" + (f", batch {b})" if b > 1 else ")"))
+
+
 def _render_kv(context_length, num_kv_heads, model="Llama-2-7B", dtype="fp16 / bf16", batch_size=1):
     from matplotlib import colormaps
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     if model not in MODEL_CONFIGS:
         return message(f"Unknown model {model!r}; choose one of {', '.join(MODEL_CONFIGS)}.")
@@ -86,15 +100,7 @@ def _render_kv(context_length, num_kv_heads, model="Llama-2-7B", dtype="fp16 / b
     right_end = n >= CONTEXT_OPTIONS[-3]  # near the right edge the label goes to the left of the point
     ax.annotate(format_bytes(total), (n, total / 2**30), textcoords="offset points",
                 xytext=(-8, 4) if right_end else (6, -12), ha="right" if right_end else "left")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
-    ax.yaxis.set_major_locator(LogLocator(base=4))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: format_bytes(y * 2**30)))
-    ax.set_xticks(ns, [f"{int(x) // 1024}k" if x >= 1024 else str(int(x)) for x in ns])
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.yaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel(f"KV cache ({dtype}" + (f", batch {b})" if b > 1 else ")"))
+    _cache_axes(ax, ns, dtype, b)
     ax.set_title("KV-cache size grows linearly with context; fewer KV heads shift the line down")
     ax.title.set_fontsize(10)
     ax.grid(True, which="major", alpha=0.3)
@@ -189,7 +195,6 @@ def _cache_kinds(window):
 def _render_cache_kinds(context_length, window=4096, batch_size=1):
     from matplotlib import colormaps
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     for name, value in (("context length", context_length), ("window", window), ("batch", batch_size)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -212,15 +217,7 @@ def _render_cache_kinds(context_length, window=4096, batch_size=1):
         ax.plot(ns, held * per * b / 2**30, color=colour, lw=2, label=label)
         ax.plot([n], [totals[label] / 2**30], "o", color=colour, ms=7)
     ax.axvline(n, color="black", lw=0.8, ls="--")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
-    ax.yaxis.set_major_locator(LogLocator(base=4))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: format_bytes(y * 2**30)))
-    ax.set_xticks(ns, [f"{int(x) // 1024}k" if x >= 1024 else str(int(x)) for x in ns])
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.yaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("KV cache (fp16 / bf16" + (f", batch {b})" if b > 1 else ")"))
+    _cache_axes(ax, ns, "fp16 / bf16", b)
     ax.set_title("Fewer K/V heads shift the line down, a latent shifts it further, a window flattens it")
     ax.title.set_fontsize(10)
     ax.grid(True, which="major", alpha=0.3)
