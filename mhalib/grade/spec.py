@@ -37,7 +37,7 @@ from mhalib.grade.worker import Unsupported
 
 __all__ = [
     "Case", "Graded", "Exercise", "VISIBLE_SEED",
-    "describe", "check_array", "check_pair", "match_variant", "close",
+    "describe", "check_array", "check_pair", "check_decode_caches", "match_variant", "close",
     "judge_raised", "judge_returned", "explain_error",
     "NUMPY_ATTENTION_FORBIDDEN", "TORCH_ATTENTION_FORBIDDEN", "ATTENTION_FORBIDDEN",
     "FROM_SCRATCH_FORBIDDEN",
@@ -191,6 +191,28 @@ def check_pair(got, names=("out", "weights")):
     n = len(names)
     if not isinstance(got, tuple) or len(got) != n:
         return f"return the tuple ({', '.join(names)}); got {describe(got)}"
+    return None
+
+
+def check_decode_caches(got, expected, old, explain=None):
+    """The first checks of a decode step's ``(out, k_cache, v_cache)``; ``None`` or a message.
+
+    ``got`` must be that triple; each returned cache must hold one position more than the
+    cache it came from (``old``, the two caches passed in) and equal ``expected[1:]``.
+    ``explain(name, cache)`` may name a known mistake when a cache differs (``None`` keeps
+    the plain message). ``out`` is left to the caller.
+    """
+    msg = check_pair(got, ("out", "k_cache", "v_cache"))
+    if msg:
+        return msg
+    for name, cache, want, before in zip(("k_cache", "v_cache"), got[1:], expected[1:], old):
+        if isinstance(cache, np.ndarray) and cache.shape == np.shape(before):
+            return (f"{name} came back with {np.shape(before)[2]} positions: append the new token's {name[0]} "
+                    f"(T + 1 positions)")
+        msg = check_array(cache, want, f"the returned {name}")
+        if msg:
+            known = explain(name, cache) if explain and isinstance(cache, np.ndarray) else None
+            return known or msg
     return None
 
 

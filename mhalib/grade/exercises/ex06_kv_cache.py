@@ -7,7 +7,7 @@ import numpy as np
 from mhalib.grade.exercises import _numpy_variants as wrong
 from mhalib.grade.spec import (
     ATTENTION_FORBIDDEN, Case, Exercise, Graded,
-    check_array, check_pair, describe,
+    check_array, check_decode_caches, describe,
 )
 
 KEY = "06_kv_cache"
@@ -84,21 +84,20 @@ def decode_cases(rng):
 
 
 def judge_decode(case, got):
-    msg = check_pair(got, ("out", "k_cache", "v_cache"))
+    x, kc, vc, *ws, h = case.args
+
+    def prepended(name, cache):
+        e = case.expected[1 if name == "k_cache" else 2]
+        old = kc if name == "k_cache" else vc
+        if cache.shape == e.shape and old.shape[2] > 0 and np.allclose(
+                cache[:, :, 1:].astype(np.float64), e[:, :, :-1], atol=1e-5):
+            return f"{name}: append the new entry at the end (axis 2), not the front"
+        return None
+
+    msg = check_decode_caches(got, case.expected, (kc, vc), explain=prepended)
     if msg:
         return msg
-    out_e, k_e, v_e = case.expected
-    out, k, v = got
-    x, kc, vc, *ws, h = case.args
-    for name, a, e, old in (("k_cache", k, k_e, kc), ("v_cache", v, v_e, vc)):
-        if isinstance(a, np.ndarray) and a.shape == old.shape:
-            return f"{name} came back with {old.shape[2]} positions: append the new token's {name[0]} (T + 1 positions)"
-        msg = check_array(a, e, f"the returned {name}")
-        if msg:
-            if isinstance(a, np.ndarray) and a.shape == e.shape and np.allclose(
-                    a[:, :, 1:].astype(np.float64), e[:, :, :-1], atol=1e-5) and old.shape[2] > 0:
-                return f"{name}: append the new entry at the end (axis 2), not the front"
-            return msg
+    out, out_e = got[0], case.expected[0]
     msg = check_array(out, out_e, "out")
     if msg and isinstance(out, np.ndarray) and out.shape == out_e.shape and kc.shape[2] > 0:
         try:

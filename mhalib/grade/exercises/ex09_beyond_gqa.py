@@ -11,7 +11,7 @@ import numpy as np
 
 from mhalib.grade.spec import (
     ATTENTION_FORBIDDEN, Case, Exercise, Graded,
-    check_array, check_pair, close, describe, match_variant,
+    check_array, check_decode_caches, check_pair, close, describe, match_variant,
 )
 
 KEY = "09_beyond_gqa"
@@ -155,35 +155,32 @@ def decode_cases(rng):
 
 
 def judge_decode(case, got):
-    msg = check_pair(got, ("out", "k_cache", "v_cache"))
-    if msg:
-        return msg
-    out_e, k_e, v_e = case.expected
-    out, k, v = got
     x, kc, vc, *ws, h, g = case.args
     t = kc.shape[2]
 
     def variant(**how):
         return _decode(x, kc, vc, *ws, h, g, **how)
 
-    for name, a, e, old in (("k_cache", k, k_e, kc), ("v_cache", v, v_e, vc)):
-        if isinstance(a, np.ndarray) and a.shape == old.shape:
-            return f"{name} came back with {t} positions: append the new token's {name[0]} (T + 1 positions)"
-        msg = check_array(a, e, f"the returned {name}")
-        if msg:
-            if name == "k_cache" and isinstance(a, np.ndarray) and close(a, variant(pairing="interleaved")[1]):
-                return ("the new key is rotated with neighbouring pairs (x[2i], x[2i+1]); pair x[i] with x[i + d/2], "
-                        "as apply_rope does")
-            if name == "k_cache" and t > 0:
-                if close(a, variant(rotate="after")[1]):
-                    return ("the keys were rotated after caching: every cached key got the new position's angle. "
-                            "Rotate only the new key, by its own position, before appending it")
-                if close(a, variant(rotate="never")[1]):
-                    if isinstance(out, np.ndarray) and close(out, variant(start="zero")[0]):
-                        return (f"positions restarted at 0: the new token sits at position T = k_cache.shape[2] "
-                                f"(here {t}); rotate its query and key by T")
-                    return "the cache holds the new key unrotated: rotate it by its position before appending it"
-            return msg
+    def rotation_mistake(name, cache):
+        if name != "k_cache":
+            return None
+        if close(cache, variant(pairing="interleaved")[1]):
+            return ("the new key is rotated with neighbouring pairs (x[2i], x[2i+1]); pair x[i] with x[i + d/2], "
+                    "as apply_rope does")
+        if t > 0 and close(cache, variant(rotate="after")[1]):
+            return ("the keys were rotated after caching: every cached key got the new position's angle. "
+                    "Rotate only the new key, by its own position, before appending it")
+        if t > 0 and close(cache, variant(rotate="never")[1]):
+            if isinstance(got[0], np.ndarray) and close(got[0], variant(start="zero")[0]):
+                return (f"positions restarted at 0: the new token sits at position T = k_cache.shape[2] "
+                        f"(here {t}); rotate its query and key by T")
+            return "the cache holds the new key unrotated: rotate it by its position before appending it"
+        return None
+
+    msg = check_decode_caches(got, case.expected, (kc, vc), explain=rotation_mistake)
+    if msg:
+        return msg
+    out, out_e = got[0], case.expected[0]
     msg = check_array(out, out_e, "out")
     if msg and isinstance(out, np.ndarray):
         if h // g > 1 and g > 1 and close(out, variant(order="tile")[0]):
