@@ -6,7 +6,8 @@ tests/fixtures/grader/attack_N_*.ipynb, graded under the same sandbox as a class
 the exercise   7 honest answers marked wrong   8 internal errors from the child   9 report flood
 10 forged replies   11 no wall clock over a submission   12 the sandbox's view of the grader
 (environment, other processes, writable places)   13 a syntax error reported as a missing
-function. Without a notebook of their own: links and special files as submissions, CSV cells
+function   14 kernel interfaces (keyrings, tracing, namespaces, eBPF, io_uring, mounts)   15 memory
+and processes counted per process instead of per submission. Without a notebook of their own: links and special files as submissions, CSV cells
 read as formulas, and grading without a sandbox (--no-isolation).
 
 Placeholders in a fixture (``@NAME@``) are filled in here with paths of this run.
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mhalib.grade import worker
+from mhalib.grade import cgroup, seccomp, worker
 from mhalib.grade.__main__ import csv_cell
 from mhalib.grade.grader import NotebookError, NotRegularFile, grade_notebook, read_submission
 from mhalib.grade.sandbox import Isolation, Limits, _bwrap_has, decide
@@ -72,7 +73,7 @@ def processes_with(marker):
 
 def test_every_root_cause_has_its_attack_fixture():
     fixtures = sorted(p.stem for p in FIXTURES.glob("attack_*.ipynb"))
-    assert sorted(int(name.split("_")[1]) for name in fixtures) == list(range(1, 14))
+    assert sorted(int(name.split("_")[1]) for name in fixtures) == list(range(1, 16))
     source = Path(__file__).read_text(encoding="utf-8")
     assert all(name in source for name in fixtures)
 
@@ -505,6 +506,67 @@ def test_12_the_sandbox_sees_nothing_of_the_graders_environment(tmp_path, monkey
     output = by_name(result)[MASK].output
     assert "probe=[]" in output, result.text()
     assert marker not in result.text()
+
+
+# ----------------------------------------------------------------------------- 14
+@pytest.mark.parametrize("userns", [False, True], ids=["as root or own uid", "user namespace"])
+def test_14_kernel_interfaces_are_refused_by_a_system_call_filter(tmp_path, userns):
+    """Keyrings (which outlive a process and are shared by a uid: one submission could leave
+    data for the next), ptrace, namespaces, eBPF, userfaultfd, perf events, io_uring and
+    mounts, each called straight through syscall(): every one refused, while fork and
+    threads still work. Without the filter the same probe lists add_key, keyctl, ptrace and
+    unshare as working (run as root under bubblewrap)."""
+    isolation = needs_sandbox()
+    if not seccomp.supported():
+        pytest.skip("no system-call filter for this machine")
+    if isolation.kind != "bubblewrap" and userns:
+        pytest.skip("needs bubblewrap")
+    box = (Isolation("bubblewrap", tmp_size=isolation.tmp_size, userns=userns or isolation.userns)
+           if isolation.kind == "bubblewrap" else isolation)
+    result = grade_notebook(FIXTURES / "attack_14_kernel_interfaces.ipynb", limits=FAST, seed=14, isolation=box)
+    output = by_name(result)[MASK].output
+    assert "probe={'not refused': [], 'fork': 'ok', 'thread': 'ok'}" in output, result.text()
+    assert "system calls filtered (seccomp)" in result.text()
+
+
+# ----------------------------------------------------------------------------- 15
+@pytest.mark.parametrize("userns", [False, True], ids=["as root or own uid", "user namespace"])
+def test_15_memory_and_processes_are_capped_over_the_whole_submission(tmp_path, userns):
+    """1.5 GiB in memfds (no address space counts them) and three forked processes of
+    500 MiB each, under a 1 GiB limit: the memfds end in a kill named as the submission's
+    memory limit, and at most two of the three processes live through it; 200 processes
+    wanted, at most the limit's 64 started (the sandbox's own included)."""
+    isolation = needs_sandbox()
+    problem = cgroup.support()
+    if problem:
+        pytest.skip(f"no cgroup for the grader here: {problem}")
+    if isolation.kind != "bubblewrap" and userns:
+        pytest.skip("needs bubblewrap")
+    box = (Isolation("bubblewrap", tmp_size=isolation.tmp_size, userns=userns or isolation.userns)
+           if isolation.kind == "bubblewrap" else isolation)
+    nb = fixture(tmp_path, "attack_15_memory_and_processes", MEMFD_MIB=1536, CHILD_MIB=500)
+    limits = Limits(call_timeout_s=8, cell_timeout_s=15, memory_mb=1024)
+    result = grade_notebook(nb, limits=limits, seed=15, isolation=box)
+    checks, text = by_name(result), result.text()
+    assert "used more than the submission's 1024 MiB of memory" in checks[MASK].output, text
+    assert "memfds held" not in text, text
+    held = [int(n) for n in re.findall(r"(\d) of 3 processes held 500 MiB", checks[SDPA].output)]
+    assert held and max(held) <= 2, text
+    started = [int(n) for n in re.findall(r"started (\d+) processes", checks[f"{MASK} (n < 1)"].output)]
+    assert started and max(started) < 64 and min(started) > 10, text
+    assert "1024 MiB and 64 processes for the whole submission (cgroup)" in text
+
+
+def test_15_no_group_is_left_behind(tmp_path):
+    """A submission's group is gone once it is graded, and its processes with it."""
+    needs_sandbox()
+    if cgroup.support():
+        pytest.skip(f"no cgroup for the grader here: {cgroup.support()}")
+    version, parents = cgroup._parents()
+    before = {n for _, parent in parents for n in os.listdir(parent) if n.startswith(cgroup.PREFIX)}
+    grade_notebook(SOLUTION_01, limits=FAST, seed=1)
+    after = {n for _, parent in parents for n in os.listdir(parent) if n.startswith(cgroup.PREFIX)}
+    assert after <= before, after - before
 
 
 # ----------------------------------------------------------------------------- 13

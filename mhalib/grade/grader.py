@@ -392,7 +392,7 @@ def syntax_errors(cells):
 
 def _grade(result, path, limits, exercise, isolation, slot):
     """Fill ``result``; returns the exercise once known (else ``None``)."""
-    result.isolation = isolation.describe(isolation.uid(slot))
+    result.isolation = isolation.describe(isolation.uid(slot), limits)
     try:
         data, problem = read_submission(path), None
     except NotRegularFile as exc:  # refused by what it is, before any read: never graded

@@ -40,7 +40,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from mhalib.grade import worker
+from mhalib.grade import cgroup, seccomp, worker
 
 __all__ = ["Limits", "Isolation", "Sandbox", "CallOutcome", "decide"]
 
@@ -95,13 +95,20 @@ class Isolation:
     def ok(self):
         return bool(self.kind)
 
-    def describe(self, uid=None):
+    def describe(self, uid=None, limits=None):
+        limits_ = limits or Limits()
+        if self.kind in ("bubblewrap", "unprivileged user"):
+            problem = cgroup.support()
+            limits = (f"{limits_.memory_mb} MiB and {limits_.nproc} processes for the whole submission (cgroup)"
+                      if not problem else f"memory and processes limited per process only (no cgroup: {problem})")
+            limits += "; system calls filtered (seccomp)" if seccomp.supported() else "; no system-call filter here"
         if self.kind == "bubblewrap":
-            size = f"of {Limits.file_mb} MiB" if self.tmp_size else "(bubblewrap < 0.8: not size-capped)"
+            size = f"of {limits_.file_mb} MiB" if self.tmp_size else "(bubblewrap < 0.8: size capped by the cgroup only)"
             return (f"bubblewrap sandbox (uid {uid}; own PID, network and IPC namespaces; system read-only; "
-                    f"no course files; private /tmp {size})")
+                    f"no course files; private /tmp {size}; {limits})")
         if self.kind == "unprivileged user":
-            return f"user nobody (uid {NOBODY}) in a private folder, one submission per container; no bubblewrap"
+            return (f"user nobody (uid {NOBODY}) in a private folder, one submission per container; no bubblewrap; "
+                    f"{limits}")
         if self.kind == "none":
             return f"none: the submission ran as {pwd.getpwuid(os.getuid()).pw_name}, unprotected (--no-isolation)"
         return f"none available: {self.problem}"
@@ -126,13 +133,14 @@ class Isolation:
         env = {"HOME": workdir, "TMPDIR": workdir, "MPLCONFIGDIR": workdir, "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin",
                "USER": "student", "LOGNAME": "student", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
                "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "TQDM_DISABLE": "1"}
+        if self.kind != "none" and seccomp.supported():
+            config.update(seccomp=seccomp.program().hex())
         config.update(limits={"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb,
                               "nproc": limits.nproc if self.kind != "none" else 0},
                       hidden=[COURSE_DIR], path=sites, uid=uid, gid=uid)
         python = [exe, "-I", "-S", "-c", WORKER_SOURCE]
-        if self.kind != "bubblewrap":
-            extra = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
-            return python + [json.dumps(config)], dict(env=env, cwd=workdir, **extra)
+        if self.kind != "bubblewrap":  # as nobody: the child changes its user itself, first thing
+            return python + [json.dumps(config)], dict(env=env, cwd=workdir)
         config.update(path=[f"/site/{i}" for i in range(len(sites))], uid=uid if root else None)
         bwrap = shutil.which("bwrap") or "bwrap"
         # The child is PID 1 of its namespace where bubblewrap allows it (--as-pid-1): no
@@ -322,6 +330,7 @@ class Sandbox:
         self.isolation, self.cells, self.limits, self.slot = isolation, list(cells), limits or Limits(), slot
         self.config = {"preload": list(preload), "forbidden": [list(f) for f in forbidden]}
         self.proc = self.workdir = self.uid = self._budget_end = None
+        self.cgroup, self._oom_kills = None, 0  # the submission's control group: None before, False where none
         self.skip, self.cell_errors, self.notes = set(), {}, []
         self.starts, self.printed, self.failure = 0, 0, ""
         self.deadline = None  # the whole submission's wall clock (Limits.submission_s), from start()
@@ -345,6 +354,14 @@ class Sandbox:
         if self.isolation.as_root:
             guard_as_root()
         argv, extra = self.isolation.command(dict(self.config), self.limits, self.slot, self.workdir)
+        if self.cgroup is None and self.isolation.kind in ("bubblewrap", "unprivileged user"):
+            try:
+                self.cgroup = False if cgroup.support() else cgroup.Cgroup.create(
+                    self.limits.memory_mb, self.limits.nproc, tag=f"{self.slot}-")
+            except cgroup.Unavailable:
+                self.cgroup = False
+        if self.cgroup:
+            argv, self._oom_kills = self.cgroup.wrap(argv), self.cgroup.oom_kills()
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          start_new_session=True, **extra)
@@ -359,6 +376,8 @@ class Sandbox:
                 except (OSError, ValueError, subprocess.SubprocessError):
                     pass
             self.failure = ("the child could not drop its privileges" if proc and proc.returncode == worker.DENIED_EXIT
+                            else "the child could not install its system-call filter (seccomp)"
+                            if proc and proc.returncode == worker.FILTER_EXIT
                             else f"the child did not start within {self._left(self.limits.start_timeout_s) or self.limits.start_timeout_s:g} s"
                             if isinstance(exc, worker.Timeout) else
                             (said.splitlines()[-1] if said else f"{type(exc).__name__}: {exc}")[:300])
@@ -437,6 +456,8 @@ class Sandbox:
             pass
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             stream.close()
+        if self.cgroup:  # whatever of the submission is left, wherever it went
+            self.cgroup.kill()
         if self.isolation.kind == "unprivileged user":
             kill_all_of(NOBODY)
 
@@ -447,6 +468,9 @@ class Sandbox:
             except (OSError, worker.ProtocolError):
                 pass
         self.kill()
+        if self.cgroup:
+            self.cgroup.remove()
+        self.cgroup = None
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
@@ -484,6 +508,9 @@ class Sandbox:
         except subprocess.TimeoutExpired:
             return "closed its connection to the grader"
         code = 128 - code if self.isolation.kind == "bubblewrap" and code > 128 else code  # signal N: 128 + N
+        if self.cgroup and self.cgroup.oom_kills() > self._oom_kills:
+            return (f"was killed: its processes together used more than the submission's {self.limits.memory_mb} MiB "
+                    "of memory")
         if code in (-signal.SIGXCPU, -signal.SIGKILL):
             return (f"used up the CPU time limit ({self.limits.cpu_s} s)" if code == -signal.SIGXCPU
                     else "was killed (out of memory, or a limit)")

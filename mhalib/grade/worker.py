@@ -40,6 +40,7 @@ MAX_DEPTH = 4
 NUMBER_KINDS = set("biufc")
 DENIED_EXIT = 70  # the child could not drop its privileges: it ran nothing
 ORPHAN_EXIT = 71  # the child's parent ended before it was ready: it ran nothing
+FILTER_EXIT = 72  # the child could not install its system-call filter: it ran nothing
 
 
 # ----------------------------------------------------------------------------- wire
@@ -588,6 +589,27 @@ def _confine(config, parent):
             raise PermissionError("the user did not change for good")
     except (OSError, ValueError, AttributeError):
         os._exit(DENIED_EXIT)
+    if config.get("seccomp"):
+        try:
+            _install_filter(bytes.fromhex(config["seccomp"]))
+        except (OSError, ValueError, AttributeError):
+            os._exit(FILTER_EXIT)
+
+
+def _install_filter(program):
+    """Install the seccomp program ``program`` (``struct sock_filter`` bytes, built by
+    ``mhalib.grade.seccomp``) on this process and everything it starts from now on."""
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS, which a filter requires of an unprivileged process
+    if libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
 
 def _regains_root():
@@ -600,7 +622,7 @@ def _regains_root():
 
 def serve(fd_in, fd_out, config):
     ns = {"__name__": "__main__", "__builtins__": builtins, "display": lambda *a, **k: None}
-    send(fd_out, {"op": "ready", "uid": os.getuid(), "euid": os.geteuid(),
+    send(fd_out, {"op": "ready", "uid": os.getuid(), "euid": os.geteuid(), "filtered": bool(config.get("seccomp")),
                   "sees": [p for p in config.get("hidden", []) if os.access(p, os.R_OK)]})
     while True:
         try:
