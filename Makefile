@@ -24,11 +24,12 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 PIP_FLAGS := --disable-pip-version-check
 TORCH_VERSION = $(shell sed -n 's/^torch==\([^;]*\).*/\1/p' $(LOCK))
 
-.PHONY: help install lab test notebooks exercises grade student-release nbgrader bench autograder lock clean
+.PHONY: help install lab test unit notebooks exercises grade student-release nbgrader bench autograder lock clean
 
 help:
 	@echo "make lab        open the course in JupyterLab (sets up .venv first)"
-	@echo "make test       run the whole test suite (sets up .venv first)"
+	@echo "make test       run the whole test suite (sets up .venv first), printing each stage's time"
+	@echo "make unit       the unit tests alone, in the existing .venv (no set-up)"
 	@echo "make notebooks  re-execute every notebook and solution in place"
 	@echo "make exercises  regenerate exercises/ from solutions/ (never over an exercise someone changed)"
 	@echo "make grade NB=exercises/01_single_head_attention.ipynb  grade your own notebook"
@@ -121,13 +122,30 @@ lab: $(STAMP)
 PORTABLE := notebooks/04_what_heads_learn.ipynb notebooks/05_heads_in_language.ipynb notebooks/08_mha_to_gqa.ipynb \
             solutions/04_what_heads_learn.ipynb solutions/05_heads_in_language.ipynb solutions/08_mha_to_gqa.ipynb
 
+# One stage of make test: its command, then its time (and FAILED when it failed).
+define stage
+	@echo "==> stage: $(1)"; start=$$(date +%s); $(2); status=$$?; \
+	echo "==> stage: $(1): $$(( $$(date +%s) - start )) s$$([ $$status -eq 0 ] || echo ', FAILED')"; exit $$status
+endef
+UNIT := $(PYTEST) tests --ignore=tests/browser -n 2
+
+# About 10 minutes on 2 cores once .venv exists. The unit stage grades submissions under
+# bubblewrap on Linux (apt-get install bubblewrap; without it those tests are skipped,
+# and fail under CI); the network stage needs the package index; the browser stage Chromium.
 test: $(STAMP)
-	$(PYTEST) tests --ignore=tests/browser -n 2
-	$(PYTEST) $(NBVAL) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -n 2 --dist loadscope notebooks solutions
-	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 \
-	  $(PYTEST) $(NBVAL) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -n 2 --dist loadscope $(PORTABLE)
-	$(PYTEST) $(NBVAL) --nbval-lax -n 2 --dist loadscope exercises
-	$(PYTEST) tests/browser -p no:cacheprovider
+	@date +%s > $(VENV)/.test-start
+	$(call stage,unit tests,$(UNIT) -m "not network")
+	$(call stage,network (pip resolution for every Python; nbgrader),$(PYTEST) tests --ignore=tests/browser -m network -p no:cacheprovider)
+	$(call stage,notebooks and solutions (strict nbval),$(PYTEST) $(NBVAL) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -n 2 --dist loadscope notebooks solutions)
+	$(call stage,trained notebooks with portable kernels (1 thread),ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PYTEST) $(NBVAL) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -n 2 --dist loadscope $(PORTABLE))
+	$(call stage,exercises (nbval-lax),$(PYTEST) $(NBVAL) --nbval-lax -n 2 --dist loadscope exercises)
+	$(call stage,browser,$(PYTEST) tests/browser -p no:cacheprovider)
+	@echo "==> make test passed in $$(( $$(date +%s) - $$(cat $(VENV)/.test-start) )) s"
+
+# The unit tests alone, in the .venv that is there (never rebuilt): a minute or two.
+unit:
+	@test -x $(PY) || { echo "make unit: no $(VENV) yet; run make test (or make lab) once first" >&2; exit 2; }
+	$(UNIT) -m "not network"
 
 notebooks: $(STAMP)
 	$(PY) tools/run_notebooks.py notebooks solutions

@@ -103,6 +103,7 @@ def _run(nbgrader, *args, cwd):
     ("01_single_head_attention", ("scaled_dot_product_attention", "    return q, q\n")),
     ("08_mha_to_gqa", ("mean_pool_kv", "    return weight * 0\n")),
 ])
+@pytest.mark.network  # installs nbgrader under CI
 def test_nbgrader_validates_and_autogrades(nbgrader, tmp_path, key, wrong):
     ex = registry.get(key)
     proc = subprocess.run([sys.executable, "-m", "mhalib.grade.nbgrader", str(tmp_path), key], capture_output=True,

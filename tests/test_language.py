@@ -609,6 +609,10 @@ def test_exercise_05_references_are_the_librarys_numbers_on_the_shipped_model(sh
         logits = shipped(torch.as_tensor(probes.tokens)).numpy()
         ablated = shipped(torch.as_tensor(probes.tokens), ablate=[(1, 2)]).numpy()
     args = (probes.positions, probes.correct, probes.wrong)
+    from mhalib.language.probes import margins_from_logits
+
+    assert np.array_equal(ex.margins_from_logits(logits, *args), margins_from_logits(logits, *args))  # two readings
+    assert not np.array_equal(ex.margins_from_logits(logits, *args), margins_from_logits(logits, args[0], args[2], args[1]))
     assert ex.reference_probe_accuracy(logits, *args) == probe_accuracy(shipped, probes)
     drop, rise = ex.reference_ablation_effect(logits, ablated, probes.tokens, *args)
     assert drop == probe_accuracy(shipped, probes) - probe_accuracy(shipped, probes, [(1, 2)]) > 0.2

@@ -177,6 +177,7 @@ def check_report(minor, report):
     return problems
 
 
+@pytest.mark.network
 def test_every_supported_python_resolves_the_pinned_versions(interpreters, pip_wheel, tmp_path):
     found = {minor: exe for minor, exe in interpreters.items() if exe}
     if not found:
