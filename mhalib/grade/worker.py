@@ -12,7 +12,7 @@ Wire format: a JSON header and up to 64 arrays, each an ``np.save`` frame read b
 are JSON trees: ``{"kind": "array", "index": 0}``, ``{"kind": "int" | "float" | "bool" |
 "str", "value": ...}``, ``{"kind": "none"}``, ``{"kind": "tuple", "items": [...]}``,
 ``{"kind": "unsupported", "type": ..., "why": ...}``. The grader imports this module for
-the wire format; :mod:`mhalib.check` calls a learner's function through :func:`call`.
+the wire format; :mod:`mhalib.grade.check` calls a learner's function through :func:`call`.
 """
 
 import builtins
