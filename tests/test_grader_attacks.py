@@ -563,10 +563,62 @@ def test_15_no_group_is_left_behind(tmp_path):
     if cgroup.support():
         pytest.skip(f"no cgroup for the grader here: {cgroup.support()}")
     version, parents = cgroup._parents()
-    before = {n for _, parent in parents for n in os.listdir(parent) if n.startswith(cgroup.PREFIX)}
-    grade_notebook(SOLUTION_01, limits=FAST, seed=1)
-    after = {n for _, parent in parents for n in os.listdir(parent) if n.startswith(cgroup.PREFIX)}
-    assert after <= before, after - before
+    mine = f"{cgroup.PREFIX}{os.getpid()}-"  # this process grades in-process: its groups' names
+
+    def groups():
+        return {n for _, parent in parents for n in os.listdir(parent) if n.startswith(mine)}
+
+    before = groups()
+    result = grade_notebook(SOLUTION_01, limits=FAST, seed=1)
+    assert result.score == 8 and "(cgroup)" in result.text(), result.text()
+    assert groups() <= before, groups() - before
+
+
+def test_15_a_group_promised_but_not_made_means_no_grade(monkeypatch):
+    """Where the grader has cgroups, a submission whose group cannot be made is not graded
+    (fail closed), rather than graded without the limit its report promises."""
+    needs_sandbox()
+    if cgroup.support():
+        pytest.skip(f"no cgroup for the grader here: {cgroup.support()}")
+
+    def refuse(*args, **kwargs):
+        raise cgroup.Unavailable("cgroup v1: No space left on device (planted)")
+
+    monkeypatch.setattr(cgroup.Cgroup, "create", classmethod(refuse))
+    result = grade_notebook(SOLUTION_01, limits=FAST, seed=1)
+    assert result.score == 0, result.text()
+    assert "control group could not be made (cgroup v1: No space left on device (planted))" in result.text()
+
+
+def test_15_only_old_empty_groups_of_ended_graders_are_swept(tmp_path):
+    dead = 4_000_000  # above the kernel's largest pid: no process has it
+    young, stale, mine = (tmp_path / f"{cgroup.PREFIX}{pid}-x" for pid in (dead, dead + 1, os.getpid()))
+    for folder in (young, stale, mine):
+        folder.mkdir()
+    os.utime(stale, (time.time() - 120, time.time() - 120))
+    os.utime(mine, (time.time() - 120, time.time() - 120))
+    cgroup._ACTIVE.add(mine.name)
+    try:
+        cgroup._sweep(str(tmp_path))
+    finally:
+        cgroup._ACTIVE.discard(mine.name)
+    assert young.exists() and not stale.exists() and mine.exists()  # mine is in use
+    cgroup._sweep(str(tmp_path), min_age_s=0)
+    assert not young.exists() and not mine.exists()
+
+
+def test_8_a_forked_process_never_answers_for_the_child(tmp_path):
+    """Learner code that forks and lets both processes return: only the child the grader
+    started answers (the fork ends at its reply), so no later call reads a stale reply."""
+    needs_sandbox()
+    nb = json.loads(SOLUTION_01.read_text(encoding="utf-8"))
+    nb["cells"].append({"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                        "source": "import os\n_mask = causal_mask\n\ndef causal_mask(n):\n    os.fork()\n"
+                                  "    return _mask(n)\n"})
+    path = tmp_path / "forks.ipynb"
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    result = grade_notebook(path, limits=FAST, seed=8)
+    assert result.score == result.max_score == 8, result.text()
 
 
 # ----------------------------------------------------------------------------- 13

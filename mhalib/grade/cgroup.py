@@ -28,6 +28,7 @@ __all__ = ["Cgroup", "Unavailable", "support"]
 
 ROOT = "/sys/fs/cgroup"
 PREFIX = "mhalib-grade-"
+_ACTIVE = set()  # the names of this process's groups in use
 
 
 class Unavailable(OSError):
@@ -131,6 +132,7 @@ class Cgroup:
             Cgroup(version, folders).remove()
             where = exc.filename or (parents[0][1] if parents else ROOT)
             raise Unavailable(f"cgroup v{version}: {exc.strerror or exc} ({where})") from None
+        _ACTIVE.add(name)
         return cls(version, folders)
 
     def wrap(self, argv):
@@ -164,13 +166,34 @@ class Cgroup:
                 except OSError:
                     pass
             for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                self._kill_member(pid)
             time.sleep(0.02)
 
+    def _kill_member(self, pid):
+        """SIGKILL to ``pid`` if it is still this group's: through a pidfd, opened before the
+        check, so that a pid reused by another process in between is never signalled."""
+        name = os.path.basename(self.folders[0])
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # no pidfd here (Python or kernel): the pid itself
+            fd = None
+        try:
+            with open(f"/proc/{pid}/cgroup", encoding="ascii") as f:
+                if f"/{name}" not in f.read():
+                    return
+            if fd is None:
+                os.kill(pid, signal.SIGKILL)
+            else:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            if fd is not None:
+                os.close(fd)
+
     def remove(self):
+        """Kill what is left and remove the group; one that cannot be removed yet (a process
+        still exiting) is removed by the next :func:`_sweep` of this grader or another."""
         self.kill()
         for folder in self.folders:
             for _ in range(50):
@@ -181,21 +204,26 @@ class Cgroup:
                     break
                 except OSError:
                     time.sleep(0.02)
+        _ACTIVE.difference_update(os.path.basename(f) for f in self.folders)
         self.folders = []
 
 
-def _sweep(parent):
-    """Empty groups of graders that have ended (killed before they could remove them)."""
+def _sweep(parent, min_age_s=60):
+    """Empty groups left behind: this grader's that are no longer in use, and those of graders
+    that have ended (killed before they could remove them). Only groups older than
+    ``min_age_s``: a grader in another PID namespace (its pid not visible here) is never
+    robbed of the group it has just made. ``rmdir`` removes only an empty group."""
     try:
-        names = [n for n in os.listdir(parent) if n.startswith(PREFIX)]
+        names = [n for n in os.listdir(parent) if n.startswith(PREFIX) and n not in _ACTIVE]
     except OSError:
         return
     for name in names:
         try:
             pid = int(name[len(PREFIX):].split("-")[0])
-        except ValueError:
+            old = time.time() - os.stat(os.path.join(parent, name)).st_mtime > min_age_s
+        except (ValueError, OSError):
             continue
-        if pid != os.getpid() and not _alive(pid):
+        if old and (pid == os.getpid() or not _alive(pid)):
             try:
                 os.rmdir(os.path.join(parent, name))
             except OSError:

@@ -38,7 +38,9 @@ DENIED = {
     "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106),
     "kexec_load": (246, 104), "kexec_file_load": (320, 294), "reboot": (169, 142),
     "swapon": (167, 224), "swapoff": (168, 225), "syslog": (103, 116), "acct": (163, 89),
-    "quotactl": (179, 60), "lookup_dcookie": (212, 18), "fanotify_init": (300, 262),
+    "quotactl": (179, 60), "quotactl_fd": (443, 443), "lookup_dcookie": (212, 18), "fanotify_init": (300, 262),
+    "open_tree_attr": (467, 467), "statmount": (457, 457), "listmount": (458, 458),
+    "memfd_secret": (447, 447),  # secret memory splits the kernel's direct map: slow for the whole machine
     "iopl": (172, None), "ioperm": (173, None),
 }
 CLONE, CLONE3 = {"x86_64": 56, "aarch64": 220}, 435

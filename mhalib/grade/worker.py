@@ -621,6 +621,7 @@ def _regains_root():
 
 
 def serve(fd_in, fd_out, config):
+    owner = os.getpid()  # a process forked by learner code that returns here ends instead of answering
     ns = {"__name__": "__main__", "__builtins__": builtins, "display": lambda *a, **k: None}
     send(fd_out, {"op": "ready", "uid": os.getuid(), "euid": os.geteuid(), "filtered": bool(config.get("seccomp")),
                   "sees": [p for p in config.get("hidden", []) if os.access(p, os.R_OK)]})
@@ -655,6 +656,8 @@ def serve(fd_in, fd_out, config):
             if guard.hits:
                 reply.update(status="forbidden", hits=guard.hits)
         reply["printed"] = _Counter.count - before
+        if os.getpid() != owner:
+            os._exit(0)
         send(fd_out, reply, out_arrays)
 
 
