@@ -118,8 +118,9 @@ lab: $(STAMP)
 # Stored outputs may not depend on the processor. PyTorch picks its kernels by the CPU
 # (ATEN_CPU_CAPABILITY: default, avx2, avx512, ...), and they round differently; the
 # notebooks whose numbers come from training, or from trained weights, run a second time with the portable kernels
-# on one thread, so a machine with a wider vector unit still checks a narrower one.
-PORTABLE := notebooks/04_what_heads_learn.ipynb notebooks/05_heads_in_language.ipynb notebooks/08_mha_to_gqa.ipynb \
+# on one thread, so a machine with a wider vector unit still checks a narrower one
+# (notebook 06 runs the trained language model too).
+PORTABLE := notebooks/04_what_heads_learn.ipynb notebooks/05_heads_in_language.ipynb notebooks/06_kv_cache.ipynb notebooks/08_mha_to_gqa.ipynb \
             solutions/04_what_heads_learn.ipynb solutions/05_heads_in_language.ipynb solutions/08_mha_to_gqa.ipynb
 
 # One stage of make test: its command, then its time (and FAILED when it failed).

@@ -15,7 +15,10 @@ Modules, one concept each (dependencies flow downwards only):
 * ``mhalib.language``: notebook 05's small language model: a seeded grammar, a
   pre-LayerNorm decoder on ``mhalib.attention``, probes, head scores, ablation, and the
   shipped weights (``python -m mhalib.language train`` retrains them).
-* ``mhalib.convert``: turning a trained MHA model into GQA/MQA (mean, first, random).
+* ``mhalib.convert``: turning a trained MHA model into GQA/MQA (mean, first, random), for
+  either model.
+* ``mhalib.generate``: greedy generation with and without a KV cache, for either model
+  (notebook 06 runs it on the language model).
 * ``mhalib.rope``, ``mhalib.sliding_window``, ``mhalib.online_softmax``, ``mhalib.mla``,
   ``mhalib.serving`` (notebook 09): rotary positions with a cache, sliding windows with a
   rolling buffer, the one-pass softmax and the log-sum-exp merge, multi-head latent

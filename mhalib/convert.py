@@ -21,10 +21,11 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from mhalib.transformer import INIT_STD, ToyTransformer
+from mhalib.attention import GroupedQueryAttention
+from mhalib.transformer import INIT_STD
 from mhalib.validation import check_divisible
 
-__all__ = ["mean_pool_kv", "first_head_kv", "convert_kv", "METHODS"]
+__all__ = ["mean_pool_kv", "first_head_kv", "convert_kv", "attention_modules", "METHODS"]
 
 METHODS = ("mean", "first", "random")
 
@@ -67,38 +68,51 @@ def first_head_kv(weight, num_heads, num_kv_heads):
     return grouped[:, 0].reshape(-1, weight.shape[1])  # (g * d_head, d_model)
 
 
+def attention_modules(model):
+    """The :class:`~mhalib.attention.GroupedQueryAttention` of each layer of ``model``, in order."""
+    return [m for m in model.modules() if isinstance(m, GroupedQueryAttention)]
+
+
 def convert_kv(model, num_kv_heads, method="mean", *, seed=0):
     """A copy of ``model`` with every layer's keys and values merged into ``num_kv_heads`` heads.
 
     Args:
-        model: a trained :class:`~mhalib.transformer.ToyTransformer` (left unchanged).
+        model: a trained course model (left unchanged): a
+            :class:`~mhalib.transformer.ToyTransformer` or a
+            :class:`~mhalib.language.model.LanguageModel`; any model whose ``config`` is a
+            dataclass with ``num_kv_heads`` and whose layers are
+            :class:`~mhalib.attention.GroupedQueryAttention`.
         num_kv_heads: g, dividing the model's current number of K/V heads.
         method: ``"mean"``, ``"first"`` or ``"random"`` (see the module docstring).
         seed: seeds the fresh weights of ``"random"``.
 
     Returns:
-        a new :class:`~mhalib.transformer.ToyTransformer` with ``num_kv_heads=g``; its
-        embeddings, positions, query and output projections are copies of ``model``'s.
+        a new model of the same class with ``num_kv_heads=g``; everything but the K and V
+        projections (embeddings, positions, queries, outputs, MLPs, LayerNorms) is a copy.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     config = model.config
-    check_divisible(config.num_kv_heads, num_kv_heads, "the model's num_kv_heads", "num_kv_heads")
-    new = ToyTransformer(replace(config, num_kv_heads=num_kv_heads))
+    old_layers = attention_modules(model)
+    if not old_layers or not hasattr(config, "num_kv_heads"):
+        raise ValueError(f"convert_kv converts a course model (ToyTransformer, LanguageModel); got {type(model).__name__}")
+    current = old_layers[0].num_kv_heads
+    check_divisible(current, num_kv_heads, "the model's num_kv_heads", "num_kv_heads")
+    new = type(model)(replace(config, num_kv_heads=num_kv_heads))
     state = {k: v for k, v in model.state_dict().items() if not k.endswith(("k_proj.weight", "v_proj.weight"))}
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for old, layer in zip(model.layers, new.layers):
+        for old, layer in zip(old_layers, attention_modules(new)):
             for name in ("k_proj", "v_proj"):
-                w = getattr(old.attn, name).weight  # (g_old * d_head, d_model)
+                w = getattr(old, name).weight  # (g_old * d_head, d_model)
                 if method == "mean":
-                    merged = mean_pool_kv(w, config.num_kv_heads, num_kv_heads)  # (g * d_head, d_model)
+                    merged = mean_pool_kv(w, current, num_kv_heads)  # (g * d_head, d_model)
                 elif method == "first":
-                    merged = first_head_kv(w, config.num_kv_heads, num_kv_heads)  # (g * d_head, d_model)
+                    merged = first_head_kv(w, current, num_kv_heads)  # (g * d_head, d_model)
                 else:
-                    shape = getattr(layer.attn, name).weight.shape
+                    shape = getattr(layer, name).weight.shape
                     merged = torch.randn(shape, generator=generator) * INIT_STD  # (g * d_head, d_model)
-                getattr(layer.attn, name).weight.copy_(merged)
+                getattr(layer, name).weight.copy_(merged)
     missing, unexpected = new.load_state_dict(state, strict=False)
     assert not unexpected and all(k.endswith(("k_proj.weight", "v_proj.weight")) for k in missing)
     new.eval()

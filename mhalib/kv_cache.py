@@ -18,6 +18,7 @@ from mhalib.np_attention import merge_heads, scaled_dot_product_attention, split
 from mhalib.validation import check_divisible
 
 __all__ = [
+    "cached_length",
     "check_decode_inputs",
     "kv_cache_bytes",
     "MODEL_CONFIGS",
@@ -212,6 +213,20 @@ class KVCache:
             return 0
         b, g, _, d = self._k.shape
         return 2 * b * g * self._len * d * self._k.element_size()
+
+
+def cached_length(kv_caches, num_layers):
+    """How many positions ``kv_caches`` (a model's list of one :class:`KVCache` per layer, or
+    None) already hold; ValueError unless it is one cache per layer, all of one length."""
+    if kv_caches is None:
+        return 0
+    if not isinstance(kv_caches, (list, tuple)) or len(kv_caches) != num_layers:
+        raise ValueError(f"kv_caches must be a list of {num_layers} KVCache, one per layer "
+                         f"(mhalib.generate.new_caches(model)); got {type(kv_caches).__name__}")
+    lengths = {len(cache) for cache in kv_caches}
+    if len(lengths) != 1:
+        raise ValueError(f"the layers' caches hold different numbers of positions: {sorted(lengths)}")
+    return lengths.pop()
 
 
 def check_decode_inputs(x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads):

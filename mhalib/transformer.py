@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from mhalib.attention import GroupedQueryAttention
+from mhalib.kv_cache import cached_length
 from mhalib.validation import check_divisible
 
 __all__ = [
@@ -84,9 +85,11 @@ class AttentionLayer(nn.Module):
         super().__init__()
         self.attn = GroupedQueryAttention(d_model, num_heads, num_kv_heads)
 
-    def forward(self, x, pos, *, z_hook=None, need_weights=False):
+    def forward(self, x, pos, *, z_hook=None, need_weights=False, kv_cache=None):
         """Args:
             x: residual stream ``(B, N, d_model)``.
+            kv_cache: optional :class:`~mhalib.kv_cache.KVCache`: the new keys and values are
+                appended and the queries attend to everything cached (causal, bottom right).
             pos: positional embeddings ``(N, d_model)``, added to the query/key input.
             z_hook: optional ``fn(z) -> z`` on the per-head outputs ``(B, H, N, d_head)``.
             need_weights: also return the attention weights ``(B, H, N, N)``.
@@ -101,6 +104,8 @@ class AttentionLayer(nn.Module):
         q = a.q_proj(qk_in).view(b, n, a.num_heads, a.head_dim).transpose(1, 2)  # (B, H, N, d_head)
         k = a.k_proj(qk_in).view(b, n, a.num_kv_heads, a.head_dim).transpose(1, 2)  # (B, g, N, d_head)
         v = a.v_proj(x).view(b, n, a.num_kv_heads, a.head_dim).transpose(1, 2)  # (B, g, N, d_head)
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)  # (B, g, T + N, d_head)
         result = a.attend(q, k, v, causal=True, need_weights=need_weights)
         z, weights = result if need_weights else (result, None)  # z: (B, H, N, d_head)
         if z_hook is not None:
@@ -144,11 +149,13 @@ class ToyTransformer(nn.Module):
         for p in self.parameters():  # GPT-2's initialisation: small, so training starts near uniform
             nn.init.normal_(p, mean=0.0, std=INIT_STD)
 
-    def forward(self, tokens, *, return_weights=False, z_hook=None):
+    def forward(self, tokens, *, return_weights=False, z_hook=None, kv_caches=None):
         """Next-token logits.
 
         Args:
             tokens: ``(B, N)`` int64 with ``N <= seq_len``.
+            kv_caches: optional list of one :class:`~mhalib.kv_cache.KVCache` per layer
+                (:func:`mhalib.generate.new_caches`): the tokens continue what they hold.
             return_weights: also return the attention weights of every layer.
             z_hook: optional ``fn(layer_index, z) -> z`` applied to each layer's per-head
                 outputs ``z`` ``(B, H, N, d_head)`` before ``o_proj``.
@@ -162,18 +169,21 @@ class ToyTransformer(nn.Module):
                 else type(tokens).__name__
             raise ValueError(f"tokens must be an int64 tensor (B, N); got {got}")
         n = tokens.shape[1]
-        if n > self.config.seq_len:
-            raise ValueError(f"sequences of {n} tokens are longer than seq_len={self.config.seq_len}")
+        start = cached_length(kv_caches, self.config.num_layers)
+        if start + n > self.config.seq_len:
+            raise ValueError(f"sequences of {start + n} tokens are longer than seq_len={self.config.seq_len}"
+                             + (f" ({start} cached + {n} new)" if start else ""))
         x = self.embed(tokens)  # (B, N, d_model)
-        pos = self.pos[:n]  # (N, d_model)
+        pos = self.pos[start:start + n]  # (N, d_model)
         all_weights = []
         for i, layer in enumerate(self.layers):
             hook = None if z_hook is None else (lambda z, i=i: z_hook(i, z))
+            cache = None if kv_caches is None else kv_caches[i]
             if return_weights:
-                out, w = layer(x, pos, z_hook=hook, need_weights=True)  # w: (B, H, N, N)
+                out, w = layer(x, pos, z_hook=hook, need_weights=True, kv_cache=cache)  # w: (B, H, N, N)
                 all_weights.append(w)
             else:
-                out = layer(x, pos, z_hook=hook)
+                out = layer(x, pos, z_hook=hook, kv_cache=cache)
             x = x + out  # (B, N, d_model)
         logits = self.unembed(x)  # (B, N, vocab_size)
         if return_weights:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from mhalib.attention import GroupedQueryAttention, repeat_kv
+from mhalib.kv_cache import cached_length
 from mhalib.transformer import read_weights, write_weights
 from mhalib.language.grammar import SEQ_LEN, VOCAB
 from mhalib.validation import check_divisible
@@ -117,9 +118,12 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x, *, zero_heads=(), need_weights=False, replace_z=None, replace_weights=None,
-                record=None):
+                record=None, kv_cache=None):
         """Args:
             x: residual stream ``(B, N, d_model)``.
+            kv_cache: optional :class:`~mhalib.kv_cache.KVCache` of this layer: the new keys
+                and values are appended, and the N new queries attend to everything cached
+                (the causal mask aligned to the bottom right). Weights are then ``(B, H, N, T + N)``.
             zero_heads: heads whose output ``z`` is set to zero before ``o_proj``.
             need_weights: also return the attention weights ``(B, H, N, N)``.
             replace_z: optional dict head -> ``(B, N, d_head)``: that head's output ``z``
@@ -136,6 +140,8 @@ class Block(nn.Module):
         a = self.attn
         b, n, d = x.shape
         q, k, v = a.project(self.ln_1(x))  # (B, H, N, d_head), (B, g, N, d_head), (B, g, N, d_head)
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)  # (B, g, T + N, d_head): what earlier steps cached, and these
         explicit = need_weights or replace_weights or record is not None
         result = a.attend(q, k, v, causal=True, need_weights=explicit)
         z, weights = result if explicit else (result, None)  # z: (B, H, N, d_head)
@@ -233,11 +239,14 @@ class LanguageModel(nn.Module):
         return self.config.num_heads
 
     def forward(self, tokens, *, return_weights=False, ablate=None, replace_z=None, replace_weights=None,
-                record=None):
+                record=None, kv_caches=None):
         """Next-token logits.
 
         Args:
             tokens: ``(B, N)`` int64 with ``N <= seq_len``.
+            kv_caches: optional list of one :class:`~mhalib.kv_cache.KVCache` per layer
+                (:func:`mhalib.generate.new_caches`): the tokens continue what the caches
+                hold (T earlier positions), so they sit at positions T .. T + N - 1.
             return_weights: also return every layer's attention weights.
             ablate: list of ``(layer, head)`` pairs whose outputs are zeroed.
             replace_z: optional dict ``(layer, head) -> (B, N, d_head)``: replace that head's
@@ -256,21 +265,23 @@ class LanguageModel(nn.Module):
                 else type(tokens).__name__
             raise ValueError(f"tokens must be an int64 tensor (B, N); got {got}")
         n = tokens.shape[1]
-        if n > self.config.seq_len:
-            raise ValueError(f"sequences of {n} tokens are longer than seq_len={self.config.seq_len}")
+        start = cached_length(kv_caches, self.num_layers)
+        if start + n > self.config.seq_len:
+            raise ValueError(f"sequences of {start + n} tokens are longer than seq_len={self.config.seq_len}"
+                             + (f" ({start} cached + {n} new)" if start else ""))
         zero = check_ablate(ablate, self.num_layers, self.num_heads)
         by_layer = {}
         for name, given in (("z", replace_z), ("weights", replace_weights)):
             check_ablate(list(given or {}), self.num_layers, self.num_heads)
             for (layer, head), value in (given or {}).items():
                 by_layer.setdefault((name, int(layer)), {})[int(head)] = value
-        x = self.drop(self.embed(tokens) + self.pos.weight[:n])  # (B, N, d_model)
+        x = self.drop(self.embed(tokens) + self.pos.weight[start:start + n])  # (B, N, d_model)
         all_weights, records = [], []
         for i, block in enumerate(self.blocks):
             layer_record = {} if record is not None else None
             out = block(x, zero_heads=zero.get(i, ()), need_weights=return_weights,
                         replace_z=by_layer.get(("z", i)), replace_weights=by_layer.get(("weights", i)),
-                        record=layer_record)
+                        record=layer_record, kv_cache=None if kv_caches is None else kv_caches[i])
             x, w = out if return_weights else (out, None)  # x: (B, N, d_model), w: (B, H, N, N)
             all_weights.append(w)
             records.append(layer_record)

@@ -1,0 +1,81 @@
+"""Greedy generation with and without the KV cache (mhalib.generate), on every model of
+the course, and convert_kv on the language model: the cache changes how much is computed,
+never which tokens come out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mhalib.convert import convert_kv
+from mhalib.generate import generate, new_caches
+from mhalib.kv_cache import kv_cache_bytes
+from mhalib.language import encode, load_language_model
+from mhalib.transformer import load_pretrained
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return load_language_model()
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return load_pretrained()[0]
+
+
+def models(lm, toy):
+    yield "language model", lm, torch.tensor([encode("<bos> the dogs near the cat".split())] * 2)
+    yield "language model, GQA g = 2", convert_kv(lm, 2), torch.tensor([encode("<bos> when the girl".split())])
+    yield "language model, MQA", convert_kv(lm, 1), torch.tensor([encode("<bos> the horses".split())])
+    yield "copy-task model", toy, torch.randint(0, toy.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0))
+
+
+def test_the_cache_gives_the_same_tokens_and_logits(lm, toy):
+    for name, model, prompt in models(lm, toy):
+        new = model.config.seq_len - prompt.shape[1] + 1  # as long as the model allows
+        cached, recomputed = generate(model, prompt, new), generate(model, prompt, new, use_cache=False)
+        assert torch.equal(cached.tokens, recomputed.tokens), name
+        assert cached.tokens.shape == (prompt.shape[0], model.config.seq_len + 1), name
+        assert torch.allclose(cached.logits, recomputed.logits, atol=1e-4, rtol=0), name
+        assert torch.equal(cached.tokens[:, :prompt.shape[1]], prompt), name
+
+
+def test_the_cache_computes_each_key_and_value_once_and_holds_what_the_formula_says(lm):
+    prompt = torch.tensor([encode("<bos> the dogs near the cat".split())])  # 6 tokens
+    n, new = prompt.shape[1], 20
+    cached, recomputed = generate(lm, prompt, new), generate(lm, prompt, new, use_cache=False)
+    assert cached.kv_rows == n + new - 1  # the prompt once, then one row a step
+    assert recomputed.kv_rows == sum(n + step for step in range(new))  # the whole sequence every step
+    c = lm.config
+    assert cached.cache_bytes == kv_cache_bytes(c.num_layers, c.kv_heads, c.head_dim, n + new - 1,
+                                                bytes_per_element=4)
+    gqa = generate(convert_kv(lm, 2), prompt, new)
+    assert 2 * gqa.cache_bytes == cached.cache_bytes  # half the K/V heads, half the bytes
+    assert recomputed.caches is None and recomputed.cache_bytes == 0
+
+
+def test_converting_to_as_many_kv_heads_changes_nothing(lm):
+    tokens = torch.tensor([encode("<bos> the dogs near the cat do".split())])
+    same = convert_kv(lm, lm.config.num_heads)
+    with torch.no_grad():
+        assert torch.allclose(same(tokens), lm(tokens), atol=1e-6)
+        assert not torch.allclose(convert_kv(lm, 1)(tokens), lm(tokens), atol=1e-3)  # MQA from MHA: a change
+    assert [type(m).__name__ for m in same.modules()] == [type(m).__name__ for m in lm.modules()]
+
+
+def test_bad_requests_are_clear_errors(lm):
+    prompt = torch.tensor([encode("<bos> the dogs".split())])
+    with pytest.raises(ValueError, match="at most 62 new tokens"):
+        generate(lm, prompt, 63)
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive int"):
+        generate(lm, prompt, 0)
+    with pytest.raises(ValueError, match=r"prompt must be an int64 tensor \(B, N\)"):
+        generate(lm, [1, 2, 3], 4)
+    caches = new_caches(lm)
+    with pytest.raises(ValueError, match="kv_caches must be a list of 2 KVCache"):
+        lm(prompt, kv_caches=caches[:1])
+    with torch.no_grad():
+        lm(prompt, kv_caches=caches)
+        with pytest.raises(ValueError, match=r"longer than seq_len=64 \(3 cached \+ 62 new\)"):
+            lm(torch.zeros(1, 62, dtype=torch.long), kv_caches=caches)
