@@ -18,7 +18,7 @@ from torch import nn
 from mhalib.validation import check_divisible
 
 __all__ = [
-    "causal_mask",
+    "causal_allowed",
     "normalize_mask",
     "repeat_kv",
     "grouped_attention",
@@ -29,8 +29,11 @@ __all__ = [
 ]
 
 
-def causal_mask(n_q, n_k=None, *, device=None):
+def causal_allowed(n_q, n_k=None, *, device=None):
     """Boolean causal mask, ``True`` where attention is allowed.
+
+    Named apart from :func:`mhalib.np_attention.causal_mask`, the *additive* mask (0 where
+    allowed, ``-inf`` where not): a boolean and an additive mask never share a name.
 
     With ``n_q < n_k`` (decoding with a cache) the mask is aligned to the bottom
     right: the last query sees every key, query i sees keys ``0 .. n_k - n_q + i``.
@@ -40,7 +43,7 @@ def causal_mask(n_q, n_k=None, *, device=None):
     """
     n_k = n_q if n_k is None else n_k
     if n_q < 1 or n_k < n_q:
-        raise ValueError(f"causal_mask needs 1 <= n_q <= n_k; got n_q={n_q}, n_k={n_k}")
+        raise ValueError(f"causal_allowed needs 1 <= n_q <= n_k; got n_q={n_q}, n_k={n_k}")
     return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(diagonal=n_k - n_q)
 
 
@@ -116,7 +119,7 @@ def grouped_attention(q, k, v, *, causal=False, attn_mask=None, need_weights=Fal
     Args:
         q: ``(B, H, N_q, d_head)``.
         k, v: ``(B, g, N_k, d_head)`` with g dividing H.
-        causal: bottom-right-aligned causal mask (see :func:`causal_mask`).
+        causal: bottom-right-aligned causal mask (see :func:`causal_allowed`).
         attn_mask: optional additive float mask broadcasting to ``(B, H, N_q, N_k)``
             (use :func:`normalize_mask` to build one from user input).
         need_weights: also return the attention weights.
@@ -149,7 +152,7 @@ def grouped_attention(q, k, v, *, causal=False, attn_mask=None, need_weights=Fal
         scores = torch.cat([qg @ kb.transpose(-1, -2) for kb in k.split(KEY_BLOCK, dim=2)],
                            dim=-1)  # (B, g, H/g * N_q, N_k)
     if causal:
-        allowed = causal_mask(n_q, n_k, device=q.device)  # (N_q, N_k)
+        allowed = causal_allowed(n_q, n_k, device=q.device)  # (N_q, N_k)
         scores.view(b, g, rep, n_q, n_k).masked_fill_(~allowed, float("-inf"))
     if attn_mask is not None:
         scores = (scores.view(b, h, n_q, n_k) + attn_mask).view(b, g, rep * n_q, n_k)  # (B, g, H/g * N_q, N_k)
@@ -228,7 +231,7 @@ class GroupedQueryAttention(nn.Module):
         if need_weights or n_q == 1:
             return grouped_attention(q, k, v, causal=causal, attn_mask=mask, need_weights=need_weights)
         if causal and n_q != n_k:
-            allowed = causal_mask(n_q, n_k, device=q.device)  # (N_q, N_k), bottom-right aligned
+            allowed = causal_allowed(n_q, n_k, device=q.device)  # (N_q, N_k), bottom-right aligned
             blocked = torch.zeros(n_q, n_k, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
             mask = blocked if mask is None else mask + blocked
             causal = False

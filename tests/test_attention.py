@@ -15,7 +15,7 @@ from mhalib.attention import (
     GroupedQueryAttention,
     MultiHeadAttention,
     MultiQueryAttention,
-    causal_mask,
+    causal_allowed,
     to_nn_multihead_attention,
 )
 from mhalib.validation import divisors
@@ -160,11 +160,11 @@ def test_conversion_to_nn_multihead_attention_keeps_biases(bias):
         torch.testing.assert_close(m(x, causal=True), want, atol=1e-5, rtol=1e-5)
 
 
-def test_causal_mask_is_bottom_right_aligned():
-    assert causal_mask(2, 4).tolist() == [[True, True, True, False], [True, True, True, True]]
-    assert causal_mask(3).equal(torch.ones(3, 3, dtype=torch.bool).tril())
+def test_causal_allowed_is_bottom_right_aligned():
+    assert causal_allowed(2, 4).tolist() == [[True, True, True, False], [True, True, True, True]]
+    assert causal_allowed(3).equal(torch.ones(3, 3, dtype=torch.bool).tril())
     with pytest.raises(ValueError, match="1 <= n_q <= n_k"):
-        causal_mask(4, 2)
+        causal_allowed(4, 2)
 
 
 def test_bool_float_and_4d_masks_agree():
@@ -250,3 +250,15 @@ def test_gradients_of_every_projection_equal_nn_multihead_attention():
     torch.testing.assert_close(m.o_proj.weight.grad, ref.out_proj.weight.grad, atol=1e-5, rtol=1e-4)
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
         assert getattr(m, name).weight.grad.abs().sum() > 0, name
+
+
+def test_no_name_is_both_an_additive_and_a_boolean_mask():
+    """mhalib.causal_mask (NumPy) is additive; the torch boolean mask has a name of its own."""
+    import numpy as np
+
+    import mhalib
+    from mhalib import attention
+
+    additive = mhalib.causal_mask(3)
+    assert additive.dtype == np.float64 and additive[0, 1] == -np.inf and additive[1, 0] == 0
+    assert not hasattr(attention, "causal_mask") and attention.causal_allowed(3).dtype == torch.bool
