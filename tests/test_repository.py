@@ -244,3 +244,38 @@ def test_no_machine_paths_in_tracked_files():
         text = path.read_text(errors="ignore")
         offenders += [f"{name}: {place}" for place in places if place in text]
     assert not offenders, f"machine paths in tracked files: {offenders}"
+
+
+def _mhalib_imports():
+    """``{top-level module of mhalib: {top-level modules of mhalib it imports}}``, from the code."""
+    import ast
+
+    found = {}
+    for path in sorted((ROOT / "mhalib").rglob("*.py")):
+        parts = path.relative_to(ROOT / "mhalib").with_suffix("").parts
+        if parts == ("__init__",):
+            continue  # the package's front door re-exports the core
+        own = parts[0]
+        deps = found.setdefault(own, set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            deps.update(n.split(".")[1] for n in names if n.startswith("mhalib.") and n.split(".")[1] != own)
+    return found
+
+
+def test_contributing_layers_match_the_imports():
+    """CONTRIBUTING.md's layer list names every module of mhalib once, and no module
+    imports from its own layer or a later one."""
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    block = text.split("dependencies flow one way", 1)[1].split("- Where things go", 1)[0]
+    layer_of = {}
+    for number, names in re.findall(r"^\s+(\d+)\. (.+)$", block, re.M):
+        for name in re.findall(r"`(\w+)`", names):
+            assert name not in layer_of, f"{name} is listed twice"
+            layer_of[name] = int(number)
+    imports = _mhalib_imports()
+    assert set(layer_of) == set(imports), (sorted(set(imports) - set(layer_of)), sorted(set(layer_of) - set(imports)))
+    upward = [f"{module} (layer {layer_of[module]}) imports {dep} (layer {layer_of[dep]})"
+              for module, deps in imports.items() for dep in deps if layer_of[dep] >= layer_of[module]]
+    assert not upward, upward
