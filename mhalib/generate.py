@@ -54,7 +54,8 @@ def generate(model, prompt, max_new_tokens, *, use_cache=True):
     """Greedy decoding: ``max_new_tokens`` tokens after ``prompt``.
 
     Args:
-        model: a course model (``model(tokens, kv_caches=...)`` gives logits), in eval mode.
+        model: a course model (``model(tokens, kv_caches=...)`` gives logits); it runs in eval
+            mode (no dropout) and is left in the mode it had.
         prompt: ``(B, N)`` int64 tensor, ``N >= 1``.
         max_new_tokens: how many tokens to add (``N + max_new_tokens - 1 <= seq_len``: the
             last one chosen is never run through the model).
@@ -77,6 +78,8 @@ def generate(model, prompt, max_new_tokens, *, use_cache=True):
                          f"(seq_len={limit}); got max_new_tokens={max_new_tokens}")
     caches = new_caches(model) if use_cache else None
     tokens, chosen_from, kv_rows = prompt, [], 0
+    was_training = model.training
+    model.eval()  # no dropout while generating; the model's mode is given back below
     with torch.no_grad():
         step_input = prompt  # prefill: the whole prompt once
         for _ in range(max_new_tokens):
@@ -89,4 +92,5 @@ def generate(model, prompt, max_new_tokens, *, use_cache=True):
             next_token = last.argmax(dim=-1, keepdim=True)  # (B, 1)
             tokens = torch.cat([tokens, next_token], dim=1)  # (B, N + steps)
             step_input = next_token  # decode: one token a step
+    model.train(was_training)
     return Generation(tokens, torch.stack(chosen_from, dim=1), kv_rows, caches)

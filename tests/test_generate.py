@@ -55,6 +55,16 @@ def test_the_cache_computes_each_key_and_value_once_and_holds_what_the_formula_s
     assert recomputed.caches is None and recomputed.cache_bytes == 0
 
 
+def test_generation_runs_without_dropout_and_gives_the_mode_back(lm):
+    from mhalib.language import LanguageConfig, LanguageModel
+
+    torch.manual_seed(0)
+    model = LanguageModel(LanguageConfig(dropout=0.5)).train()
+    prompt = torch.tensor([encode("<bos> the dogs".split())])
+    first, second = generate(model, prompt, 10), generate(model, prompt, 10)
+    assert model.training and torch.equal(first.logits, second.logits)  # dropout would make them differ
+
+
 def test_converting_to_as_many_kv_heads_changes_nothing(lm):
     tokens = torch.tensor([encode("<bos> the dogs near the cat do".split())])
     same = convert_kv(lm, lm.config.num_heads)
