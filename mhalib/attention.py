@@ -190,6 +190,7 @@ class GroupedQueryAttention(nn.Module):
         self.o_proj = nn.Linear(self.d_model, self.d_model, bias=bias)
 
     def extra_repr(self):
+        """The sizes shown in the module's repr."""
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, "
                 f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}")
 

@@ -200,10 +200,12 @@ class KVCache:
 
     @property
     def keys(self):
+        """The cached keys ``(B, g, T, d_head)``, or ``None`` while empty."""
         return None if self._k is None else self._k[:, :, : self._len]  # (B, g, T, d_head)
 
     @property
     def values(self):
+        """The cached values ``(B, g, T, d_head)``, or ``None`` while empty."""
         return None if self._v is None else self._v[:, :, : self._len]  # (B, g, T, d_head)
 
     @property

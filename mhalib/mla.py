@@ -82,6 +82,7 @@ class RMSNorm(nn.Module):
         self.eps = float(eps)
 
     def forward(self, x):
+        """``x (..., dim)`` normalised over the last axis and scaled by ``weight``, in the dtype of ``x``."""
         x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # fp16/bf16 -> fp32; fp64 stays
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., dim)
         return self.weight * x32.to(x.dtype)
@@ -172,6 +173,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.o_proj = nn.Linear(h * self.v_head_dim, self.d_model, bias=False)
 
     def extra_repr(self):
+        """The sizes shown in the module's repr."""
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, q_lora_rank={self.q_lora_rank}, "
                 f"kv_lora_rank={self.kv_lora_rank}, qk_nope_head_dim={self.qk_nope_head_dim}, "
                 f"qk_rope_head_dim={self.qk_rope_head_dim}, v_head_dim={self.v_head_dim}")

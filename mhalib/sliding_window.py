@@ -150,6 +150,7 @@ class RollingKVCache:
 
     @property
     def values(self):
+        """``(B, g, W, d_head)``, slot order (not position order); empty slots hold zeros."""
         return self._v
 
     @property

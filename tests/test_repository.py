@@ -279,3 +279,21 @@ def test_contributing_layers_match_the_imports():
     upward = [f"{module} (layer {layer_of[module]}) imports {dep} (layer {layer_of[dep]})"
               for module, deps in imports.items() for dep in deps if layer_of[dep] >= layer_of[module]]
     assert not upward, upward
+
+
+def test_every_public_definition_in_mhalib_has_a_docstring():
+    """Functions, classes and methods whose names do not start with an underscore."""
+    import ast
+
+    missing = []
+    for path in sorted((ROOT / "mhalib").rglob("*.py")):
+        def visit(node, prefix=""):
+            for child in node.body:
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    if not child.name.startswith("_") and ast.get_docstring(child) is None:
+                        missing.append(f"{path.relative_to(ROOT)}: {prefix}{child.name}")
+                    if isinstance(child, ast.ClassDef):
+                        visit(child, f"{child.name}.")
+
+        visit(ast.parse(path.read_text(encoding="utf-8")))
+    assert not missing, missing

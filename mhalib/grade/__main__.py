@@ -69,6 +69,10 @@ def mean_score(results):
 
 
 def results_json(results):
+    """The results JSON: Gradescope's format for one submission.
+
+    For several: the graded submissions, those not graded (with the reason) and the mean score.
+    """
     if len(results) == 1:
         return results[0].gradescope()
     return {"submissions": [dict(r.gradescope(), submission=r.path) for r in results if r.graded],
@@ -104,6 +108,7 @@ def csv_text(results, before=""):
 
 
 def main(argv=None):
+    """Grade the notebooks named on the command line; returns the exit status (3 when grading was refused)."""
     parser = argparse.ArgumentParser(
         prog="python -m mhalib.grade",
         description="Grade exercise notebooks. Student code runs in a sandbox (bubblewrap), never in the grader.")

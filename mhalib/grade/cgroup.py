@@ -142,6 +142,7 @@ class Cgroup:
                 + [os.path.join(f, "cgroup.procs") for f in self.folders] + list(argv))
 
     def pids(self):
+        """The sorted process ids now in the group, over all its folders."""
         return sorted({int(p) for f in self.folders for p in _read(os.path.join(f, "cgroup.procs")).split()})
 
     def oom_kills(self):

@@ -46,6 +46,7 @@ def clean(text, limit=300):
 
 @dataclass
 class CheckResult:
+    """The result of one graded function: its score out of ``max_score`` and the feedback text."""
     name: str
     score: float
     max_score: float
@@ -53,11 +54,13 @@ class CheckResult:
 
     @property
     def status(self):
+        """``"passed"`` when the full score was earned, else ``"failed"``."""
         return "passed" if self.score >= self.max_score - 1e-9 else "failed"
 
 
 @dataclass
 class SubmissionResult:
+    """The result of one submission: its checks, notes, seed, run time and isolation."""
     path: str
     exercise: str | None
     checks: list = field(default_factory=list)
@@ -75,10 +78,12 @@ class SubmissionResult:
 
     @property
     def score(self):
+        """The total score of the checks, rounded to two decimals."""
         return round(sum(c.score for c in self.checks), 2)
 
     @property
     def max_score(self):
+        """The most the checks could score, rounded to two decimals."""
         return round(sum(c.max_score for c in self.checks), 2)
 
     def text(self):
@@ -112,6 +117,7 @@ class SubmissionResult:
 
 # ----------------------------------------------------------------------------- notebooks
 class NotebookError(Exception):
+    """The submission could not be read as a notebook; the message says why."""
     pass
 
 
@@ -264,11 +270,13 @@ def changed_inputs(after, args, kwargs):
 
 
 def mutation_message(name, changed):
+    """The feedback when ``name`` changed the inputs ``changed`` (their labels) in place."""
     return (f"{name} changed its input {', '.join(changed)} in place; work on a copy "
             "(e.g. `z = z.copy()`) and leave the caller's arrays as they were")
 
 
 def forbidden_message(name, hits):
+    """The feedback when ``name`` calls the forbidden callables ``hits``; it scores 0."""
     library = " (graded code cannot use the course package, mhalib)" if any(h.startswith("mhalib") for h in hits) else ""
     return (f"{name} calls {', '.join(clean(h, 80) for h in hits[:3])}, which this exercise does not allow{library}: "
             "write it yourself. Score 0 for this function.")

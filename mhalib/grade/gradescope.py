@@ -96,6 +96,10 @@ def grade_upload(folder, notebooks, exercise, isolation):
 
 
 def main(argv=None):
+    """Grade a Gradescope upload as exercise ``argv[0]`` and write results.json.
+
+    Returns the exit status: 0, 2 for a wrong usage, 3 when no isolation could be had.
+    """
     argv = sys.argv[1:] if argv is None else argv
     exercise = registry.get(argv[0]) if argv else None
     if exercise is None:

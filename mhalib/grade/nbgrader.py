@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cell(graded):
+    """The locked nbgrader test cell that scores ``graded`` with ``mhalib.check.score``."""
     import nbformat
 
     slug = re.sub(r"\W+", "_", graded.name).strip("_")
@@ -64,6 +65,7 @@ def source_notebook(solution):
 
 
 def main(argv=None):
+    """Write the nbgrader source notebooks of the chosen exercises (default: all) under ``course_dir``."""
     import nbformat
 
     parser = argparse.ArgumentParser(prog="python -m mhalib.grade.nbgrader",

@@ -194,6 +194,10 @@ def untouched(current, text, src):
 
 
 def main(argv=None):
+    """Generate the exercise notebooks from the solutions, or check them with ``--check``.
+
+    Returns 0, 1 when a notebook is out of date or was kept unchanged, 2 on an error.
+    """
     parser = argparse.ArgumentParser(prog="python -m mhalib.grade.release",
                                      description="Generate exercises/NN.ipynb from solutions/NN.ipynb.")
     parser.add_argument("solutions", nargs="*", help="solution notebooks (default: solutions/*.ipynb)")

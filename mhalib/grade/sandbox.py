@@ -93,9 +93,11 @@ class Isolation:
 
     @property
     def ok(self):
+        """Whether grading may go ahead (some kind of isolation, or ``"none"`` as asked)."""
         return bool(self.kind)
 
     def describe(self, uid=None, limits=None):
+        """One line for the report: the isolation, the child's ``uid`` and the ``limits`` in force."""
         limits_ = limits or Limits()
         if self.kind in ("bubblewrap", "unprivileged user"):
             problem = cgroup.support()
@@ -119,6 +121,7 @@ class Isolation:
         return self.kind == "bubblewrap" and os.geteuid() == 0 and not self.userns
 
     def uid(self, slot):
+        """The uid the child of job ``slot`` runs as, or ``None`` when it runs as the grader."""
         if self.kind == "bubblewrap":
             return UID_BASE + 100 * (os.getpid() % 10**6) + slot % 100 if self.as_root else NOBODY
         return NOBODY if self.kind == "unprivileged user" else None
@@ -341,6 +344,7 @@ class Sandbox:
 
     @property
     def out_of_time(self):
+        """Whether the submission's wall-clock time is used up."""
         return self.deadline is not None and time.monotonic() >= self.deadline
 
     def spawn(self):
@@ -434,9 +438,11 @@ class Sandbox:
 
     @property
     def alive(self):
+        """Whether the child is running."""
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self):
+        """Kill the child and everything it started (its group and its cgroup); nothing without a child."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
@@ -465,6 +471,7 @@ class Sandbox:
             kill_all_of(NOBODY)
 
     def close(self):
+        """Ask the child to exit, kill what is left, and remove the cgroup and the working folder."""
         if self.alive:
             try:
                 worker.send(self.proc.stdin.fileno(), {"op": "exit"}, deadline=time.monotonic() + 1)

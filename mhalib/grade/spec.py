@@ -103,14 +103,17 @@ class Graded:
 
     @property
     def lookup(self):
+        """The name looked up in the notebook: ``target`` when set, else ``name``."""
         return self.target or self.name
 
     def visible_cases(self):
+        """The cases of ``check()``'s visible tests, drawn with the fixed seed :data:`VISIBLE_SEED`."""
         return self.make_cases(np.random.default_rng(VISIBLE_SEED))
 
 
 @dataclass
 class Exercise:
+    """One exercise: its key, title, graded functions and the modules the child imports first."""
     key: str  # "01_single_head_attention"
     title: str
     graded: list
@@ -118,10 +121,12 @@ class Exercise:
 
     @property
     def number(self):
+        """The exercise's number as two digits, e.g. ``"01"``."""
         return self.key[:2]
 
     @property
     def max_score(self):
+        """The points of all its graded functions together."""
         return float(sum(g.points for g in self.graded))
 
 

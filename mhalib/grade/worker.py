@@ -87,6 +87,10 @@ class _Reader:
         self.fd, self.deadline, self.buf, self.total = fd, deadline, bytearray(), 0
 
     def read(self, n):
+        """Exactly ``n`` bytes from the pipe, waiting until the deadline.
+
+        Raises :class:`Closed` when the other side exits, :class:`ProtocolError` past the size limit.
+        """
         while len(self.buf) < n:
             if self.deadline is not None:
                 _wait(self.fd, self.deadline, write=False)
@@ -104,6 +108,7 @@ class _Reader:
         return out
 
     def frame(self, limit):
+        """One frame: its 8-byte big-endian length, then that many bytes (at most ``limit``)."""
         n = int.from_bytes(self.read(8), "big")
         if n > limit:
             raise ProtocolError(f"a frame of {n} bytes, over the limit of {limit}")
@@ -246,6 +251,10 @@ class _Guard(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """First on ``sys.meta_path``: ``mhalib`` becomes stand-ins; torch is patched as it loads."""
 
     def find_spec(self, name, path=None, target=None):
+        """The spec of a stand-in for ``mhalib`` and its modules, or torch's own (patched once loaded).
+
+        ``None`` for every other module.
+        """
         if name == "mhalib" or name.startswith("mhalib."):
             return importlib.util.spec_from_loader(name, self, is_package=True)
         if name == "torch":
@@ -261,11 +270,13 @@ class _Guard(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec):
+        """The stand-in module for ``spec``: a :class:`_Missing` package."""
         module = _Missing(spec.name)
         module.__path__ = []
         return module
 
     def exec_module(self, module):
+        """Nothing to run: the stand-in has no code."""
         pass
 
 
@@ -507,6 +518,7 @@ def python_source(source):
 
 
 def describe(exc):
+    """``"Type: message"`` for an exception, the message cut to 400 characters; ``SystemExit`` explained."""
     if isinstance(exc, SystemExit):
         return "SystemExit (sys.exit() or exit() was called)"
     try:
@@ -517,6 +529,7 @@ def describe(exc):
 
 
 def where(tb):
+    """``"line L of cell N"`` for the innermost frame of a traceback in a cell, or ``""``."""
     frames = [f for f in traceback.extract_tb(tb) if f.filename.startswith("<cell")]
     return f"line {frames[-1].lineno} of {frames[-1].filename.strip('<>')}" if frames else ""
 
@@ -546,6 +559,7 @@ class _Counter(io.TextIOBase):
     count = 0
 
     def write(self, s):
+        """Count the characters of ``s`` and drop them; returns their number."""
         _Counter.count += len(str(s))
         return len(str(s))
 
@@ -621,6 +635,7 @@ def _regains_root():
 
 
 def serve(fd_in, fd_out, config):
+    """Answer the grader's ``exec`` and ``call`` requests until ``exit`` or a message that cannot be read."""
     owner = os.getpid()  # a process forked by learner code that returns here ends instead of answering
     ns = {"__name__": "__main__", "__builtins__": builtins, "display": lambda *a, **k: None}
     send(fd_out, {"op": "ready", "uid": os.getuid(), "euid": os.geteuid(), "filtered": bool(config.get("seccomp")),
@@ -662,6 +677,10 @@ def serve(fd_in, fd_out, config):
 
 
 def main(argv):
+    """The child's entry point: confine itself, set up the forbidden calls, then serve the grader.
+
+    ``argv[1]`` is the JSON config; stdin and stdout carry the messages, printed output is only counted.
+    """
     parent = os.getppid()
     config = json.loads(argv[1])
     fd_in, fd_out = os.dup(0), os.dup(1)  # private copies; 0, 1 and 2 go nowhere

@@ -239,6 +239,7 @@ def _shipped_jobs(seeds, reuse=False):
 
 
 def cmd_train(args):
+    """Retrain the shipped model (seed 0); say whether its weights match the file it replaced, bit for bit."""
     previous = shipped_path(0).with_suffix(".pt")
     old = torch.load(previous, weights_only=True) if previous.exists() else None
     _run(_shipped_jobs([0]))
@@ -249,6 +250,7 @@ def cmd_train(args):
 
 
 def cmd_seeds(args):
+    """Retrain the other shipped seeds of the recipe."""
     _run(_shipped_jobs([s for s in SEEDS if s != 0]))
 
 
@@ -263,6 +265,7 @@ def cmd_measure(args):
 
 
 def cmd_check(args):
+    """Retrain the shipped recipe; exit with a message if its probes or loss differ beyond the tolerances."""
     shipped = load_language_model().metadata["measured"]
     model, _, seconds = train_recipe(RECIPE, "retraining the shipped model")
     measured = measure(model)
@@ -289,6 +292,10 @@ def _shipped_measurements():
 
 
 def cmd_heads(args):
+    """Train the sweep over the number of heads and write ``language_heads.json``.
+
+    With ``--reuse``, the weights already saved are measured instead of trained again.
+    """
     recipes = {f"H {h}, seed {s}": dict(RECIPE, num_heads=h, seed=s)
                for h in HEADS_SWEEP if h != RECIPE["num_heads"] for s in SWEEP_SEEDS}
     results = _run(_sweep_jobs(recipes, args.reuse))
@@ -307,6 +314,10 @@ VARIANTS = {"dropout 0.1": {"dropout": 0.1}}
 
 
 def cmd_variants(args):
+    """Train the recipe's variants on every seed and write ``language_variants.json``.
+
+    With ``--reuse``, the weights already saved are measured instead of trained again.
+    """
     recipes = {f"{variant}, seed {s}": dict(RECIPE, seed=s, **change)
                for variant, change in VARIANTS.items() for s in SEEDS}
     results = _run(_sweep_jobs(recipes, args.reuse))
@@ -316,6 +327,7 @@ def cmd_variants(args):
 
 
 def main(argv=None):
+    """Run one command of ``python -m mhalib.language`` (``all``: train, seeds, heads and variants)."""
     parser = argparse.ArgumentParser(prog="python -m mhalib.language", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("train", "seeds", "heads", "variants", "measure", "check", "all"))
     parser.add_argument("--reuse", action="store_true",

@@ -232,10 +232,12 @@ class LanguageModel(nn.Module):
 
     @property
     def num_layers(self):
+        """The number of transformer layers."""
         return self.config.num_layers
 
     @property
     def num_heads(self):
+        """The number of attention heads per layer."""
         return self.config.num_heads
 
     def forward(self, tokens, *, return_weights=False, ablate=None, replace_z=None, replace_weights=None,

@@ -11,6 +11,10 @@ import numpy as np
 
 
 def softmax(x, axis=-1):
+    """Softmax along ``axis`` in float64, as the reference computes it.
+
+    A row whose every entry is ``-inf`` comes out as zeros rather than NaN.
+    """
     x = np.asarray(x, dtype=np.float64)
     m = np.max(x, axis=axis, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
@@ -20,6 +24,7 @@ def softmax(x, axis=-1):
 
 
 def causal_mask(n):
+    """Additive causal mask ``(n, n)``: 0.0 on and below the diagonal, ``-inf`` above it."""
     return np.where(np.triu(np.ones((n, n), dtype=bool), k=1), -np.inf, 0.0)
 
 
@@ -40,6 +45,12 @@ def sdpa(q, k, v, mask=None, *, scale="sqrt_dk", axis=-1, use_mask=True, transpo
 
 
 def split(x, h, how="right"):
+    """Split ``(..., N, d_model)`` into heads, the right way or with one mistake.
+
+    ``how``: ``"right"`` gives ``(..., H, N, d_head)``; ``"reshape_only"`` reshapes straight
+    to ``(..., H, N, d_head)`` (mixing positions into heads); ``"no_transpose"`` stops at
+    ``(..., N, H, d_head)``.
+    """
     *lead, n, d = x.shape
     if how == "right":
         return np.swapaxes(x.reshape(*lead, n, h, d // h), -3, -2)
@@ -51,6 +62,11 @@ def split(x, h, how="right"):
 
 
 def merge(x, how="right"):
+    """Merge ``(..., H, N, d_head)`` into ``(..., N, H * d_head)``, the right way or with one mistake.
+
+    ``how``: ``"right"`` swaps H and N before the reshape; ``"reshape_only"`` reshapes
+    without the swap, mixing positions and heads.
+    """
     *lead, h, n, d = x.shape
     if how == "right":
         return np.swapaxes(x, -3, -2).reshape(*lead, n, h * d)

@@ -15,6 +15,7 @@ KEY = "01_single_head_attention"
 
 # ----------------------------------------------------------------------------- causal_mask
 def causal_mask_cases(rng):
+    """Four cases of ``causal_mask(n)``: one small, one medium and one larger n (2 to 16), and n = 1."""
     from mhalib.np_attention import causal_mask
 
     ns = [int(rng.integers(2, 5)), int(rng.integers(5, 9)), int(rng.integers(9, 17)), 1]
@@ -22,6 +23,12 @@ def causal_mask_cases(rng):
 
 
 def judge_causal_mask(case, got):
+    """``None`` when the mask is right, else a message naming the mistake.
+
+    Recognises a boolean mask, ``-inf`` below instead of above the diagonal, ``-inf`` on the
+    diagonal, a large finite number or 1 in place of ``-inf``, and 1 where 0.0 belongs;
+    otherwise the plain shape, dtype or value message.
+    """
     n = case.args[0]
     expected = case.expected
     if isinstance(got, np.ndarray) and got.shape == expected.shape:
@@ -69,6 +76,13 @@ def _rand(rng, shape, dtype):
 
 
 def sdpa_cases(rng):
+    """Cases of ``scaled_dot_product_attention(q, k, v, mask=None)`` with ``(out, weights)`` answers.
+
+    Inputs are 2-D ``(N, d)``, 3-D ``(B, N, d)`` and 4-D ``(B, H, N, d)``, float64 and float32,
+    with N_k != N_q and d_v != d_k in some; masks: none, causal, padding, a finite bias,
+    boolean (True = keep), one that blocks every key of query 0, and scores up to 1000.
+    Also a cube B = N = d (where ``k.T`` runs) and a too-large mask that must raise ValueError.
+    """
     from mhalib.np_attention import causal_mask, scaled_dot_product_attention
 
     cases = []
@@ -160,6 +174,12 @@ def _mask_variants(mask):
 
 
 def judge_sdpa(case, got):
+    """``None`` when ``(out, weights)`` is right, else a message naming the mistake.
+
+    Checks the pair and its order, then the weights (NaN in fully blocked rows, overflow,
+    misread boolean masks, ``k.T``, wrong scale, softmax axis or missing mask, rows not
+    summing to 1), then ``out`` against ``weights @ v``.
+    """
     msg = check_pair(got, ("out", "weights"))
     if msg:
         return msg

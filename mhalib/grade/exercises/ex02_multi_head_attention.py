@@ -26,6 +26,11 @@ def _x(rng, shape, dtype=np.float64):
 
 # ----------------------------------------------------------------------------- split / merge
 def split_cases(rng):
+    """Cases of ``split_heads(x, num_heads)``: x ``(N, d_model)``, ``(B, N, d_model)``, ``(2, B, N, d_model)``.
+
+    float64 and float32, with N != H so that a missing axis swap shows; one more case has a
+    num_heads (5 or 7) that does not divide d_model and must raise a ValueError naming both.
+    """
     from mhalib.np_attention import split_heads
 
     cases = []
@@ -49,6 +54,11 @@ def split_cases(rng):
 
 
 def judge_split(case, got):
+    """``None`` when ``split_heads`` is right, else a message naming the mistake.
+
+    Recognises ``(..., N, H, d_head)`` (no axis swap) and heads mixed with positions
+    (reshape straight to ``(..., H, N, d_head)``); otherwise the plain array message.
+    """
     x, h = case.args
     exp = case.expected
     *lead, n, d = x.shape
@@ -65,6 +75,10 @@ def judge_split(case, got):
 
 
 def merge_cases(rng):
+    """Cases of ``merge_heads(x)``: x ``(H, N, d_head)``, ``(B, H, N, d_head)`` and ``(2, 2, H, N, d_head)``.
+
+    float64 and float32, with N != H.
+    """
     from mhalib.np_attention import merge_heads
 
     cases = []
@@ -79,6 +93,10 @@ def merge_cases(rng):
 
 
 def judge_merge(case, got):
+    """``None`` when ``merge_heads`` is right, else a message naming the mistake.
+
+    Recognises a reshape without swapping H and N back; otherwise the plain array message.
+    """
     (x,) = case.args
     msg = check_array(got, case.expected, "merge_heads(x)")
     if msg:
@@ -91,12 +109,22 @@ def judge_merge(case, got):
 
 # ----------------------------------------------------------------------------- MHA
 def attention_weights(rng, d_model, kv_dim, dtype):
+    """Random projection weights ``[w_q, w_k, w_v, w_o]`` for an attention case.
+
+    Shapes ``(d_model, d_model)``, ``(d_model, kv_dim)`` twice, ``(d_model, d_model)``: standard
+    normal times ``1.5 / sqrt(d_model)``, cast to ``dtype``.
+    """
     s = 1 / np.sqrt(d_model)
     return [(rng.standard_normal(shape) * s * 1.5).astype(dtype)
             for shape in ((d_model, d_model), (d_model, kv_dim), (d_model, kv_dim), (d_model, d_model))]
 
 
 def mha_cases(rng):
+    """Cases of ``multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None)``.
+
+    x is ``(N, d_model)`` or ``(B, N, d_model)``, float64 or float32, with and without a
+    causal mask; the answer ``(out, weights)`` is computed in float64.
+    """
     from mhalib.np_attention import causal_mask, multi_head_attention
 
     cases = []
@@ -136,6 +164,14 @@ NOT_CONCATENATED = ("the heads were {how} instead of concatenated: {what}; merge
 
 
 def mha_variants(case, g=None, which=1, tile=True):
+    """Known mistakes of multi-head (or grouped-query) attention as ``(message, make)`` pairs.
+
+    Args:
+        case: an attention case; ``g`` overrides its number of key/value heads.
+        which: 0 for the mistakes' ``out``, 1 for their ``weights`` (``out`` adds the
+            output-projection and merging mistakes).
+        tile: whether to include reading the wrong K/V head (``np.tile`` for ``np.repeat``).
+    """
     x, wq, wk, wv, wo, *_ = case.args
     h, g = _heads(case, g)
     mask = case.kwargs.get("mask")
@@ -177,6 +213,13 @@ def _rows_sum_to_one(weights):
 
 
 def judge_attention(case, got, g=None):
+    """``None`` when ``(out, weights)`` is right, else a message naming the mistake.
+
+    Checks the weights first (no head axis, or one map per K/V head instead of per query
+    head, the known mistakes of :func:`mha_variants`, rows not summing to 1), then ``out``
+    (the same mistakes, and heads summed or averaged instead of concatenated). ``g`` is the
+    number of key/value heads when the case does not carry it.
+    """
     msg = check_pair(got, ("out", "weights"))
     if msg:
         return msg

@@ -62,6 +62,11 @@ def _forward_cases(causal_options, use_sdpa):
 
 
 def judge_forward(case, got):
+    """``None`` when the module's output ``(B, N, d_model)`` is right, else a message naming the mistake.
+
+    Recognises a tuple returned, a missing or flipped causal mask, scaling by sqrt(d_model),
+    heads in the wrong order, no output projection and untransposed weights.
+    """
     x, *ws = case.args
     h = case.params["num_heads"]
     causal = bool(case.kwargs.get("causal"))
@@ -90,6 +95,11 @@ def judge_forward(case, got):
 
 
 def to_mha_cases(rng):
+    """Two cases of ``to_torch_mha(module)``: ``MultiHeadAttention(32, 4)`` and one other size.
+
+    x ``(B, N, d_model)`` (``(4, 10, 32)`` in the first) and the four weights are float32; the
+    answer is the stacked ``in_proj_weight``, ``out_proj.weight`` and the converted layer's output.
+    """
     cases = []
     for i, (d_model, h) in enumerate([_CONFIGS[0], _CONFIGS[int(rng.integers(1, len(_CONFIGS)))]]):
         x, ws = _draw(rng, d_model, h, *((4, 10) if i == 0 else ()))
@@ -101,6 +111,11 @@ def to_mha_cases(rng):
 
 
 def judge_to_mha(case, got):
+    """``None`` when the converted layer is right, else a message naming the mistake.
+
+    ``got`` is ``(in_proj_weight, out_proj.weight, output)``; recognises transposed weights
+    and Q, K, V stacked in the wrong order.
+    """
     msg = check_pair(got, ("in_proj_weight", "out_proj.weight", "output"))
     if msg:
         return f"the grader could not read the converted layer ({msg})"

@@ -21,6 +21,10 @@ def causal_weights(rng, shape, dtype=np.float64):
 
 # ----------------------------------------------------------------------------- previous token
 def previous_cases(rng):
+    """Cases of ``previous_token_score(weights)``: causal weights ``(H, N, N)`` or ``(B, H, N, N)``.
+
+    float64 and float32; in the batched case head 0 is a clean previous-token head.
+    """
     from mhalib.interpret import previous_token_score
 
     cases = []
@@ -35,6 +39,11 @@ def previous_cases(rng):
 
 
 def judge_previous(case, got):
+    """``None`` when the per-head scores ``(H,)`` are right, else a message naming the mistake.
+
+    Recognises one value per batch element, the next token or the diagonal measured
+    instead of the previous token, and dividing by N instead of N - 1.
+    """
     (w,) = case.args
     exp = case.expected
     w4 = w.astype(np.float64).reshape((-1,) + w.shape[-3:])
@@ -68,6 +77,11 @@ def _tokens(rng, b, n):
 
 
 def induction_cases(rng):
+    """Cases of ``induction_score(weights, tokens)``: causal weights ``(H, N, N)`` or ``(B, H, N, N)``.
+
+    Tokens ``(N,)`` or ``(B, N)``, int64: either drawn from a vocabulary of 5 (many repeats)
+    or a segment of distinct tokens followed by its copy.
+    """
     from mhalib.interpret import induction_score
 
     cases = []
@@ -99,6 +113,11 @@ def _induction_variant(w, tokens, *, shift=1, all_queries=False):
 
 
 def judge_induction(case, got):
+    """``None`` when the per-head scores are right, else a message naming the mistake.
+
+    Recognises the weight on the earlier occurrence itself (not the token after it) and
+    averaging over every query instead of those whose token occurred before.
+    """
     w, tokens = case.args
     msg = check_array(got, case.expected, "induction_score(weights, tokens)")
     if msg:
@@ -114,6 +133,10 @@ def judge_induction(case, got):
 
 # ----------------------------------------------------------------------------- ablation
 def ablate_cases(rng):
+    """Cases of ``ablate_head(z, head)``: z ``(H, N, d_head)``, ``(B, H, N, d_head)`` or 5-D.
+
+    The 5-D case is ``(2, 2, H, N, d_head)``; float64 and float32, with a random head index.
+    """
     from mhalib.interpret import ablate_head
 
     cases = []
@@ -127,6 +150,10 @@ def ablate_cases(rng):
 
 
 def judge_ablate(case, got):
+    """``None`` when the right head is zeroed, else a message naming the mistake.
+
+    Recognises zeroing along the first axis instead of the head axis, and nothing zeroed.
+    """
     z, head = case.args
     msg = check_array(got, case.expected.astype(np.float64), f"ablate_head(z, {head})")
     if msg:

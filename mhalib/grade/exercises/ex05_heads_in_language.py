@@ -115,6 +115,11 @@ OVERFLOW = ("the loss is not finite: some logits are near 1000 and exp(1000) ove
 
 # ----------------------------------------------------------------------------- relation score
 def relation_cases(rng):
+    """Three cases of ``relation_score(weights, pairs)``: causal weights ``(B, H, N, N)``, pairs ``(m, 3)``.
+
+    float64 and float32 weights; pairs ``(b, target, key)`` int64 with ``key < target - 1``;
+    head 0 puts all of the first pair's query weight on its key.
+    """
     cases = []
     for dtype in (np.float64, np.float32, np.float64):
         b, h, n = int(rng.integers(2, 5)), int(rng.integers(2, 6)), int(rng.integers(6, 12))
@@ -129,6 +134,11 @@ def relation_cases(rng):
 
 
 def judge_relation(case, got):
+    """``None`` when the per-head scores ``(H,)`` are right, else a message naming the mistake.
+
+    Recognises one row per pair, reading row ``target`` instead of ``target - 1``, query and
+    key swapped, and a sum over the pairs instead of a mean.
+    """
     w, pairs = case.args
     msg = check_array(got, case.expected, "relation_score(weights, pairs)")
     if not msg:
@@ -148,6 +158,11 @@ def judge_relation(case, got):
 
 # ----------------------------------------------------------------------------- probe accuracy
 def probe_cases(rng):
+    """Three cases of ``probe_accuracy_from_logits``: float32 logits ``(n_items, N, V)`` and int64 items.
+
+    Some items are decided differently at ``position`` and at ``position - 1``, and some
+    have both forms tied (to tell ``>`` from ``>=``); up to 40 items.
+    """
     cases = []
     for n_items in (int(rng.integers(5, 12)), int(rng.integers(12, 30)), 40):
         n, v = int(rng.integers(5, 10)), int(rng.integers(6, 20))
@@ -167,6 +182,11 @@ def probe_cases(rng):
 
 
 def judge_probe(case, got):
+    """``None`` when the accuracy is right, else a message naming the mistake.
+
+    Recognises a non-number, logits read at ``position``, a count instead of a share, the
+    share where the wrong form wins, and ties counted as passed.
+    """
     logits, positions, correct, wrong_ids = case.args
     value, msg = _check_number(got, case.expected, "probe_accuracy_from_logits(...)")
     if not msg:
@@ -194,6 +214,12 @@ def judge_probe(case, got):
 
 # ----------------------------------------------------------------------------- ablation effect
 def effect_cases(rng):
+    """Two cases of ``ablation_effect``: float32 logits and ablated logits ``(n_items, N, V)``.
+
+    Tokens ``(n_items, N)`` are int64. The intact model is mostly right, one item is tied in
+    the intact model only, and one row of logits is near 1000 in both (exp overflows without
+    subtracting the maximum).
+    """
     cases = []
     for n_items in (int(rng.integers(6, 12)), int(rng.integers(12, 24))):
         n, v = int(rng.integers(5, 10)), int(rng.integers(6, 16))
@@ -216,6 +242,12 @@ def effect_cases(rng):
 
 
 def judge_effect(case, got):
+    """``None`` when ``(accuracy_drop, loss_increase)`` is right, else a message naming the mistake.
+
+    A list or an array of two numbers counts as the pair. Recognises a drop of the wrong
+    sign or with ties counted as passed, and a loss increase that is not finite, of the
+    wrong sign, in percent, in bits, or computed without shifting the tokens.
+    """
     logits, ablated, tokens, positions, correct, wrong_ids = case.args
     if isinstance(got, list) or (isinstance(got, np.ndarray) and got.shape == (2,)):
         got = tuple(got)  # two numbers in a list or an array are as good as a tuple

@@ -17,6 +17,10 @@ _REAL = [(32, 32, 128), (80, 8, 128), (32, 8, 128), (32, 1, 64)]
 
 
 def bytes_cases(rng):
+    """Four cases of ``kv_cache_bytes``: a real model's shape (Llama-2, Mistral, Falcon) for one token,
+    one for 1,024 to 32,768 tokens with ``batch_size=8``, and two random ones that also set
+    ``batch_size`` and ``bytes_per_element`` (1, 2 or 4).
+    """
     from mhalib.kv_cache import kv_cache_bytes
 
     cases = []
@@ -45,6 +49,12 @@ def _bytes_args(case):
 
 
 def judge_bytes(case, got):
+    """``None`` when the byte count is right, else a message.
+
+    Refuses a float or any non-int; for a wrong int, says what was expected and, when it
+    matches, the mistake: keys or values only, no ``bytes_per_element``, no ``batch_size``,
+    or bits instead of bytes.
+    """
     if isinstance(got, float) and got == case.expected:
         return "return an int (a number of bytes), not a float: use // or int(...)"
     if type(got) is not int:
@@ -65,6 +75,11 @@ def judge_bytes(case, got):
 
 
 def decode_cases(rng):
+    """Three cases of ``decode_step``: x_new ``(B, 1, d_model)``, caches ``(B, H, T, d_head)``, four weights.
+
+    An empty cache (T = 0), a short one and a longer float32 one; the answer
+    ``(out, k_cache, v_cache)`` is computed in float64.
+    """
     from mhalib.kv_cache import decode_step
 
     cases = []
@@ -84,6 +99,11 @@ def decode_cases(rng):
 
 
 def judge_decode(case, got):
+    """``None`` when ``(out, k_cache, v_cache)`` is right, else a message naming the mistake.
+
+    Recognises caches not extended or extended at the front, and an ``out`` where the new
+    token did not attend to itself.
+    """
     x, kc, vc, *ws, h = case.args
 
     def prepended(name, cache):

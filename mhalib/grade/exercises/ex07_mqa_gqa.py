@@ -29,6 +29,12 @@ def _case(rng, h, g, lead, dtype, causal):
 
 
 def gqa_cases(rng):
+    """Cases of ``grouped_query_attention``: x ``(N, d_model)`` or ``(B, N, d_model)``, H of 4, 6 or 8.
+
+    float64 and float32, with and without a causal mask, g between 1 and H (including
+    g = H and g = 1); one more case with H = 6, g = 4 must raise a ValueError saying that g
+    does not divide H.
+    """
     cases = []
     plans = [((), np.float64, False, None), ((2,), np.float64, True, None), ((3,), np.float32, True, None),
              ((2,), np.float64, True, "mha"), ((), np.float32, False, "mqa")]
@@ -53,6 +59,10 @@ def gqa_cases(rng):
 
 
 def mqa_cases(rng):
+    """Three cases of ``multi_query_attention``: x ``(N, d_model)`` or ``(B, N, d_model)``, one K/V head.
+
+    float64 and float32, with and without a causal mask; H is 4, 6 or 8.
+    """
     cases = []
     for lead, dtype, causal in (((), np.float64, False), ((2,), np.float64, True), ((3,), np.float32, True)):
         h = int(rng.choice(list(_PLANS)))
@@ -64,10 +74,12 @@ def mqa_cases(rng):
 
 
 def judge_mqa(case, got):
+    """``None`` when ``(out, weights)`` is right, else a message naming the mistake (one K/V head)."""
     return judge_attention(case, got, g=1)
 
 
 def explain_mqa_error(case, error, call):
+    """The mistake behind an exception of ``multi_query_attention`` (heads not merged), or ``None``."""
     return explain_attention_error(case, error, call, g=1)
 
 

@@ -15,6 +15,10 @@ _PLANS = [(4, 2), (4, 1), (8, 2), (8, 4), (6, 3), (6, 2), (4, 4)]
 
 
 def mean_pool_cases(rng):
+    """Four cases of ``mean_pool_kv(weight, num_heads, num_kv_heads)``, weight ``(H * d_head, d_model)``.
+
+    The weight is float32; (H, g) = (4, 2) and three other pairs, from g = 1 to g = H.
+    """
     from mhalib.convert import mean_pool_kv
 
     cases = []
@@ -29,6 +33,11 @@ def mean_pool_cases(rng):
 
 
 def judge_mean_pool(case, got):
+    """``None`` when the pooled weight ``(g * d_head, d_model)`` is right, else a message naming the mistake.
+
+    Recognises groups of every g-th head instead of consecutive heads, a sum instead of a
+    mean, the first head of each group, and rows split as ``(d_head, H)``.
+    """
     weight, h, g = case.args
     w = weight.astype(np.float64)
     rows, d_model = w.shape

@@ -76,6 +76,12 @@ def _decode(x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, h, g, *, start="cache",
 
 # ----------------------------------------------------------------------------- apply_rope
 def rope_cases(rng):
+    """Cases of ``apply_rope(x, positions, base=10000.0)``: x ``(..., N, d)`` with d of 4, 6 or 8.
+
+    float64 and float32; positions unordered and distinct, or consecutive from 0 up to a few
+    thousand; one case uses ``base=500000``. One more case has an odd head_dim and must
+    raise a ValueError naming it.
+    """
     from mhalib.rope import apply_rope
 
     cases = []
@@ -97,6 +103,11 @@ def rope_cases(rng):
 
 
 def judge_rope(case, got):
+    """``None`` when the rotated x is right, else a message naming the mistake.
+
+    Recognises neighbouring pairs instead of halves, the wrong direction, frequencies
+    without the 2, positions 0 .. N-1 instead of those given, and the base ignored.
+    """
     msg = check_array(got, case.expected, "the rotated x")
     if not msg:
         return None
@@ -124,6 +135,12 @@ def _weights(rng, d_model, kv_width, dtype):
 
 
 def decode_cases(rng):
+    """Cases of ``gqa_rope_decode_step``: x_new ``(B, 1, d_model)``, caches ``(B, g, T, d_head)``, weights.
+
+    The caches are built by the reference (rotated keys at 0 .. T-1); T = 0 in one, (H, g)
+    covers GQA, MQA (g = 1) and MHA (g = H), float64 and float32. One more case with H = 6,
+    g = 4 must raise a ValueError saying that g does not divide H.
+    """
     from mhalib.rope import rope_decode_step
 
     cases = []
@@ -155,6 +172,11 @@ def decode_cases(rng):
 
 
 def judge_decode(case, got):
+    """``None`` when ``(out, k_cache, v_cache)`` is right, else a message naming the mistake.
+
+    Recognises neighbouring pairs, keys rotated after caching or cached unrotated,
+    positions restarting at 0, and ``np.tile`` instead of ``np.repeat`` for the K/V heads.
+    """
     x, kc, vc, *ws, h, g = case.args
     t = kc.shape[2]
 
@@ -194,6 +216,11 @@ def judge_decode(case, got):
 
 # ----------------------------------------------------------------------------- merge_partials
 def merge_cases(rng):
+    """Cases of ``merge_partials(outputs, log_sum_exps)``: S chunks of one decoding query's attention.
+
+    Outputs ``(S, d)`` or ``(S, ..., 1, d)`` with log-sum-exps ``(S,)`` or ``(S, ..., 1)``, float64,
+    S from 2 to 6; in one case the log-sum-exps are near 1000.
+    """
     from mhalib.online_softmax import merge_partials, split_attention
 
     cases = []
@@ -213,6 +240,11 @@ def merge_cases(rng):
 
 
 def judge_merge(case, got):
+    """``None`` when ``(out, lse)`` is right, else a message naming the mistake.
+
+    Recognises an overflow from not subtracting the largest log-sum-exp, chunks averaged
+    equally, unnormalised weights, and a merged lse that is the maximum or the sum.
+    """
     msg = check_pair(got, ("out", "lse"))
     if msg:
         return msg
