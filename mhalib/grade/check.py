@@ -65,7 +65,7 @@ class _Tripwire:
             else:
                 return
             if not name.startswith(self.ALLOWED) and (name in self.exact or name.startswith(self.prefixes)):
-                from mhalib.grade.worker import FRIENDLY_NAMES
+                from mhalib.grade.adapters import FRIENDLY_NAMES
 
                 if FRIENDLY_NAMES.get(name, name) not in self.hits:
                     self.hits.append(FRIENDLY_NAMES.get(name, name))

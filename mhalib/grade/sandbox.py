@@ -40,16 +40,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from mhalib.grade import cgroup, seccomp, worker
+from mhalib.grade import adapters, cgroup, seccomp, wire, worker
 
 __all__ = ["Limits", "Isolation", "Sandbox", "CallOutcome", "decide"]
 
 NOBODY = 65534
 UID_BASE = 2_000_000_000  # as root under bubblewrap: UID_BASE + 100 * (grader pid % 10**6) + job
 COURSE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../mhalib
-# The child's program: its import path first (it runs with -I -S), then the worker.
-WORKER_SOURCE = ("import json, sys\nsys.path.extend(json.loads(sys.argv[1])['path'])\n"
-                 + open(worker.__file__, encoding="utf-8").read())  # noqa: SIM115 - read once, at import
+# The child's program, one script: its import path first (it runs with -I -S), then the
+# wire format, the call adapters and the child itself (each skips its imports of the
+# others when run as the script's __main__).
+WORKER_SOURCE = "import json, sys\nsys.path.extend(json.loads(sys.argv[1])['path'])\n" + "\n\n".join(
+    open(module.__file__, encoding="utf-8").read() for module in (wire, adapters, worker))  # noqa: SIM115 - read once
 
 
 @dataclass

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mhalib.grade.worker import Unsupported
+from mhalib.grade.wire import Unsupported
 
 __all__ = [
     "Case", "Graded", "Exercise", "VISIBLE_SEED",
