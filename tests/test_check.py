@@ -332,3 +332,28 @@ def test_library_call_from_a_thread_is_seen(capsys):
 
     assert check("scaled_dot_product_attention", scaled_dot_product_attention) is False
     assert "calls mhalib.np_attention.scaled_dot_product_attention" in capsys.readouterr().out
+
+
+def test_check_and_the_grader_share_one_judging_step(monkeypatch, capsys):
+    """check() judges each case with the grader's own judge_outcome (no loop of its own)."""
+    import numpy as np
+
+    from mhalib.grade import grader
+
+    seen = []
+    real = grader.judge_outcome
+
+    def spy(graded, case, outcome, call_again):
+        seen.append((graded.name, outcome.status))
+        return real(graded, case, outcome, call_again)
+
+    monkeypatch.setattr(grader, "judge_outcome", spy)
+
+    def causal_mask(n):
+        if n < 1:
+            raise ValueError(f"n must be at least 1; got n={n}")
+        return np.triu(np.full((n, n), -np.inf), k=1)
+
+    assert check("causal_mask", causal_mask), capsys.readouterr().out
+    assert seen and {name for name, _ in seen} == {"causal_mask", "causal_mask (n < 1)"}
+    assert ("causal_mask", "ok") in seen

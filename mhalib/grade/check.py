@@ -89,15 +89,17 @@ class _Tripwire:
 
 def _plain(result):
     """The result as the grader would receive it: plain arrays, numbers and tuples."""
-    from mhalib.grade import worker
+    from mhalib.grade import adapters, wire
 
     arrays = []
-    return worker.decode_value(worker.encode_value(worker.to_plain(result), arrays), arrays)
+    return wire.decode_value(wire.encode_value(adapters.to_plain(result), arrays), arrays)
 
 
 def _run_case(graded, fn, case):
-    """``("ok", None)`` when the case passes, else ``("fail" or "stop", message)``."""
-    from mhalib.grade import grader, spec, worker
+    """``("ok", None)`` when the case passes, else ``("fail" or "stop", message)``: the call made
+    here, in the kernel, and judged by the grader's own step (:func:`mhalib.grade.grader.judge_outcome`)."""
+    from mhalib.grade import adapters, grader
+    from mhalib.grade.sandbox import CallOutcome
 
     ns = dict(getattr(fn, "__globals__", {}) or {})
     if isinstance(fn, type):
@@ -106,41 +108,32 @@ def _run_case(graded, fn, case):
     ns[graded.lookup] = fn
     params = {**graded.params, **case.params, "signature": graded.signature,
               "arg_names": list(graded.arg_names)}
+
+    def run(args, kwargs, tripwire):
+        try:
+            result, after = adapters.call(graded.adapter, ns, graded.lookup, args, kwargs, params, tripwire)
+        except NotImplementedError:
+            return CallOutcome("not_implemented")
+        except adapters.GradingError as exc:
+            return CallOutcome("grading_error", message=str(exc))
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - report, never raise
+            text = str(exc)
+            return CallOutcome("exception", message=f"{type(exc).__name__}" + (f": {text[:400]}" if text else ""),
+                               kinds=[c.__name__ for c in type(exc).__mro__][:12])
+        return CallOutcome("ok", result=_plain(result), after=after)
+
+    def call_again(args, kwargs):  # the learner's function once more, for explain_error
+        outcome = run(args, kwargs, _Tripwire(graded.forbidden))
+        return outcome.result if outcome.status == "ok" else None
+
     tripwire = _Tripwire(graded.forbidden)
-    try:
-        result, after = worker.call(graded.adapter, ns, graded.lookup, case.args, case.kwargs, params, tripwire)
-    except NotImplementedError:
-        return "stop", f"{graded.lookup} is not written yet (it raises NotImplementedError)"
-    except worker.GradingError as exc:
-        return "stop", str(exc)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - report, never raise
-        text = str(exc)
-        error = f"{type(exc).__name__}" + (f": {text[:400]}" if text else "")
-        if tripwire.hits:
-            return "stop", grader.forbidden_message(graded.lookup, tripwire.hits)
-        if case.raises:
-            problem = spec.judge_raised(case, [c.__name__ for c in type(exc).__mro__], error)
-            return ("ok", None) if problem is None else ("fail", problem)
-
-        def call(args, kwargs):  # the learner's function once more, for explain_error
-            try:
-                return _plain(worker.call(graded.adapter, ns, graded.lookup, args, kwargs, params,
-                                          _Tripwire(graded.forbidden))[0])
-            except (Exception, SystemExit):  # noqa: BLE001
-                return None
-
-        hint = spec.explain_error(graded, case, error, call)
-        return "fail", (f"{hint} (it raised {error})" if hint else f"raised {error}")
+    outcome = run(case.args, case.kwargs, tripwire)
     if tripwire.hits:
-        return "stop", grader.forbidden_message(graded.lookup, tripwire.hits)
-    if tripwire.tampered:
+        outcome = CallOutcome("forbidden", hits=list(tripwire.hits))
+    elif tripwire.tampered:
         return "stop", f"{graded.lookup} switched off the recording of its calls (sys.setprofile)"
-    changed = grader.changed_inputs(after, case.args, case.kwargs)
-    if changed:
-        return "stop", grader.mutation_message(graded.lookup, changed)
-    plain = _plain(result)
-    problem = spec.judge_returned(case, plain) if case.raises else graded.judge(case, plain)
-    return ("ok", None) if problem is None else ("fail", problem)
+    verdict, message = grader.judge_outcome(graded, case, outcome, call_again)
+    return ("ok", None) if verdict == "pass" else ("fail" if verdict == "fail" else "stop", message)
 
 
 def _outcomes(graded, fn, cases):

@@ -282,6 +282,52 @@ def forbidden_message(name, hits):
             "write it yourself. Score 0 for this function.")
 
 
+def judge_outcome(graded, case, outcome, call_again):
+    """The verdict on one case from what the learner's function did: the one judging step of
+    the grader (:func:`grade_function`, in its sandbox) and of ``check()`` and ``score()``
+    (:mod:`mhalib.grade.check`, in the learner's kernel).
+
+    Args:
+        graded: the :class:`~mhalib.grade.spec.Graded` function.
+        case: the case that was run.
+        outcome: a :class:`~mhalib.grade.sandbox.CallOutcome`: ``ok`` (with the plain result
+            and the inputs after the call), ``exception``, ``forbidden``, ``not_implemented``,
+            ``grading_error``, or a failure to run (``timeout``, ``died``, ...).
+        call_again: ``fn(args, kwargs)`` -> the plain result or ``None``, for
+            ``explain_error`` to try the learner's function on other inputs.
+
+    Returns:
+        ``(verdict, message)``: ``"pass"`` (message ``None``), ``"fail"`` (this case is wrong:
+        why), ``"zero"`` (the function scores 0 whatever its other cases: a forbidden call,
+        inputs changed in place) or ``"stop"`` (no later case can be judged: why).
+    """
+    name = graded.name
+    message, at = clean(outcome.message), clean(outcome.where, 80)
+    if outcome.status == "forbidden":
+        return "zero", forbidden_message(name, outcome.hits)
+    if outcome.status == "ok":
+        changed = changed_inputs(outcome.after, case.args, case.kwargs)
+        if changed:
+            return "zero", f"{mutation_message(graded.lookup, changed)}. Score 0 for this function."
+        try:
+            problem = judge_returned(case, outcome.result) if case.raises else graded.judge(case, outcome.result)
+        except Exception as exc:  # noqa: BLE001 - a judge must not crash the grader on odd results
+            problem = f"the result could not be checked ({type(exc).__name__}: {exc})"
+        return ("pass", None) if problem is None else ("fail", clean(problem, 400))
+    if outcome.status == "exception":
+        where = f" at {at}" if at else ""
+        if case.raises:
+            problem = judge_raised(case, outcome.kinds, f"{message}{where}")
+            return ("pass", None) if problem is None else ("fail", f"{graded.lookup} {clean(problem, 400)}")
+        hint = explain_error(graded, case, outcome.message, call_again)
+        return "fail", (f"{hint} ({name} raised {message}{where})" if hint else f"{name} raised {message}{where}")
+    if outcome.status == "not_implemented":
+        return "stop", f"{name} is not written yet (it raises NotImplementedError)"
+    if outcome.status == "grading_error":
+        return "stop", f"{message}. Score 0 for this function."
+    return "stop", message  # it did not run to the end: the caller names the case
+
+
 def grade_function(sandbox, graded, cases):
     """Run and judge every case of one graded function; returns a :class:`CheckResult`.
 
@@ -307,43 +353,22 @@ def grade_function(sandbox, graded, cases):
     passed, failures, stop = 0, [], None
     for i, case in enumerate(cases):
         outcome = call(case.args, case.kwargs, case)
+        if outcome.status == "grading_error" and "was found" in outcome.message and any(
+                "NotImplementedError" in e for e in sandbox.cell_errors.values()):
+            outcome.status = "not_implemented"  # the cell defining it raised: the untouched exercise
         label = f"case {i + 1} ({case.label})" if case.label else f"case {i + 1}"
-        message, at = clean(outcome.message), clean(outcome.where, 80)
-        if outcome.status == "forbidden":
-            return zero(forbidden_message(name, outcome.hits))
-        if outcome.status == "ok":
-            changed = changed_inputs(outcome.after, case.args, case.kwargs)
-            if changed:
-                return zero(f"{mutation_message(graded.lookup, changed)}. Score 0 for this function.")
-            try:
-                problem = judge_returned(case, outcome.result) if case.raises else graded.judge(case, outcome.result)
-            except Exception as exc:  # noqa: BLE001 - a judge must not crash the grader on odd results
-                problem = f"the result could not be checked ({type(exc).__name__}: {exc})"
-            if problem is None:
-                passed += 1
-            else:
-                failures.append(f"{label}: {clean(problem, 400)}")
-        elif outcome.status == "exception":
-            where = f" at {at}" if at else ""
-            if case.raises:
-                problem = judge_raised(case, outcome.kinds, f"{message}{where}")
-                passed += problem is None
-                if problem:
-                    failures.append(f"{label}: {graded.lookup} {clean(problem, 400)}")
-                continue
-            hint = explain_error(graded, case, outcome.message, call_again)
-            failures.append(f"{label}: " + (f"{hint} ({name} raised {message}{where})" if hint
-                                            else f"{name} raised {message}{where}"))
-        elif outcome.status == "not_implemented" or (
-                outcome.status == "grading_error" and "was found" in outcome.message
-                and any("NotImplementedError" in e for e in sandbox.cell_errors.values())):
-            stop, passed = f"{name} is not written yet (it raises NotImplementedError)", 0
-            break
-        elif outcome.status == "grading_error":
-            stop, passed = f"{message}. Score 0 for this function.", 0
-            break
-        else:  # timeout, died, bad_reply, not_started: the remaining cases are not tried
-            stop = f"{label}: {message}; the remaining cases were not run"
+        verdict, message = judge_outcome(graded, case, outcome, call_again)
+        if verdict == "pass":
+            passed += 1
+        elif verdict == "fail":
+            failures.append(f"{label}: {message}")
+        elif verdict == "zero":
+            return zero(message)
+        else:
+            if outcome.status in ("not_implemented", "grading_error"):
+                stop, passed = message, 0
+            else:  # timeout, died, bad_reply, not_started: the remaining cases are not tried
+                stop = f"{label}: {message}; the remaining cases were not run"
             break
     total = len(cases)
     lines = [f"all {total} cases correct" if passed == total else f"{passed} of {total} cases correct"]
