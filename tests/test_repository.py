@@ -297,3 +297,11 @@ def test_every_public_definition_in_mhalib_has_a_docstring():
 
         visit(ast.parse(path.read_text(encoding="utf-8")))
     assert not missing, missing
+
+
+def test_no_exercise_module_imports_another():
+    """Exercise specs share helpers through mhalib/grade/exercises/_*.py, never through each other."""
+    folder = ROOT / "mhalib" / "grade" / "exercises"
+    for path in sorted(folder.glob("ex[0-9][0-9]_*.py")):
+        imports = re.findall(r"^from mhalib\.grade\.exercises\.(\w+) import", path.read_text(encoding="utf-8"), re.M)
+        assert all(name.startswith("_") for name in imports), (path.name, imports)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mhalib.grade.exercises.ex02_multi_head_attention import (
-    attention_weights, explain_attention_error, judge_attention,
-)
+from mhalib.grade.exercises._attention import attention_weights, explain_attention_error, judge_attention
 from mhalib.grade.spec import ATTENTION_FORBIDDEN, Case, Exercise, Graded
 
 KEY = "07_mqa_gqa"
