@@ -281,3 +281,31 @@ def test_malformed_notebooks_are_results_not_errors(notebook, tmp_path):
     result = grade_notebook(path, seed=1)
     assert result.exercise == "01_single_head_attention" and result.score == 0, result.text()
     assert len(result.checks) == 3 and "internal grader error" not in result.text()
+
+
+IPYTHON_CELLS = [
+    "%matplotlib inline\n!echo this shell command does not run\nlisting = !ls\n%time OFFSET = 1",
+    "%%time\n# the body of a timed cell runs as the cell\nLABEL = (\"%d heads\"\n         % 4)",
+    "%%bash\necho a cell that is not Python: skipped\nexit 1",
+    "causal_mask?",
+    "\n\n_solution_mask = causal_mask\n\ndef causal_mask(n):\n    assert OFFSET == 1 and LABEL == \"4 heads\" and listing is None\n"
+    "    return _solution_mask(n)\n",
+]
+
+
+def test_ipython_syntax_runs_as_jupyter_runs_it(tmp_path):
+    """Magics, shell commands, help and cell magics in a finished notebook: IPython's own
+    transformer turns them into Python (a ``%`` that starts a continuation line inside
+    brackets is left alone; ``%time``'s statement runs; ``%%bash`` is skipped), so the
+    answers keep their full marks; a real syntax error after a cell magic keeps its line."""
+    from mhalib.grade.grader import syntax_errors, to_python
+
+    nb = json.loads((ROOT / "solutions" / "01_single_head_attention.ipynb").read_text(encoding="utf-8"))
+    nb["cells"] += [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": source}
+                    for source in IPYTHON_CELLS]
+    path = tmp_path / "ipython_syntax.ipynb"
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    result = grade_notebook(path, seed=3)
+    assert result.score == result.max_score == 8 and not result.syntax_errors, result.text()
+    assert to_python("%%bash\necho hi") is None
+    assert syntax_errors([(7, to_python("\n%%time\nx = 1\ny = (\n"))]) == [(7, 4, syntax_errors([(7, "y = (\n")])[0][2])]

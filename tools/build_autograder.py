@@ -4,7 +4,7 @@
     make autograder EXERCISE=01
 
 For Gradescope's Ubuntu images (22.04 or 24.04: Python 3.10 or 3.12): ``setup.sh`` installs
-Python, bubblewrap, and CPU-only torch, NumPy and nbformat at the versions of
+Python, bubblewrap, and CPU-only torch, NumPy, nbformat and IPython at the versions of
 ``requirements/lock.txt``, and makes the course readable by root only; ``run_autograder``
 grades the uploaded notebook as this exercise (:mod:`mhalib.grade.gradescope`).
 """
@@ -37,8 +37,8 @@ $pip install -q --upgrade pip
 torch=$(sed -n 's/^torch==\([^;]*\).*/\1/p' "$lock")
 $pip install -q --no-deps --index-url https://download.pytorch.org/whl/cpu "torch==$torch" \
   || echo "PyTorch's CPU index did not answer: torch comes from PyPI"
-$pip install -q -c "$lock" "torch==$torch" numpy nbformat
-/autograder/venv/bin/python -c 'import numpy, torch, nbformat'
+$pip install -q -c "$lock" "torch==$torch" numpy nbformat ipython  # ipython: magics read as Jupyter reads them
+/autograder/venv/bin/python -c 'import numpy, torch, nbformat, IPython'
 # Only root (the grader) reads the course: student code never runs as root, and cannot import it.
 chmod -R go-rwx "$src"
 """

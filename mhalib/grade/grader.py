@@ -14,6 +14,7 @@ import errno
 import functools
 import json
 import os
+import re
 import secrets
 import stat
 import sys
@@ -404,16 +405,51 @@ def grade_notebook(path, *, seed=None, limits=None, exercise=None, isolation=Non
     return result
 
 
+KEEP_CELL_MAGICS = ("time", "timeit", "capture", "prun")  # cell magics whose body is Python: it runs
+
+
+def to_python(source):
+    """A cell in IPython's syntax as plain Python, line for line; ``None`` for a cell that is
+    not Python (``%%bash``, ``%%writefile`` and other cell magics), which grading skips.
+
+    IPython's own ``TransformerManager`` converts line magics, shell commands and help
+    (``%matplotlib inline``, ``!pip install``, ``x = !ls``, ``f?``) into calls of
+    ``get_ipython()``, which in the child do nothing (:class:`mhalib.grade.worker.NoShell`);
+    it reads Python's tokens, so a line that starts with ``%`` inside a string or a
+    bracket is left alone. The body of ``%%time``, ``%%timeit``, ``%%capture`` and ``%%prun``
+    runs as the cell, its lines numbered as in the notebook. Without IPython installed, a
+    line-by-line approximation does the same for the common cases.
+    """
+    first, _, rest = source.lstrip("\n").partition("\n")
+    skipped = source[:len(source) - len(source.lstrip("\n"))]
+    if first.lstrip().startswith("%%"):
+        name = first.lstrip()[2:].split(maxsplit=1)
+        if not name or name[0] not in KEEP_CELL_MAGICS:
+            return None
+        source = f"{skipped}# {first.strip()}\n{rest}"  # a comment now: the body keeps its line numbers
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError:
+        return _approximate_python(source)
+    try:
+        python = TransformerManager().transform_cell(source).rstrip("\n")
+    except Exception:  # noqa: BLE001 - what IPython cannot read, Python will report as a syntax error
+        return source
+    lost = len(skipped) - (len(python) - len(python.lstrip("\n")))  # IPython drops leading empty lines
+    return "\n" * max(lost, 0) + python  # put back: every line keeps its number
+
+
+def _approximate_python(source):
+    """Magics and shell commands as ``pass`` (``x = !ls`` as ``x = None``), line by line."""
+    return "\n".join(re.sub(r"^(\s*)[%!].*", r"\1pass", re.sub(r"^(\s*[\w.]+\s*=)\s*[%!].*", r"\1 None", line))
+                     for line in source.split("\n"))
+
+
 def syntax_errors(cells):
     """``[(index, line, message)]`` of the cells Python cannot parse, found without running
-    anything (only compiled, in this process)."""
-    from mhalib.grade.worker import python_source
-
+    anything (only compiled, in this process); ``cells`` are plain Python (:func:`to_python`)."""
     found = []
     for index, source in cells:
-        source = python_source(source)
-        if source is None:
-            continue
         try:
             compile(source, f"<cell {index}>", "exec", dont_inherit=True)
         except SyntaxError as exc:  # IndentationError and TabError included
@@ -454,7 +490,8 @@ def _grade(result, path, limits, exercise, isolation, slot):
         result.checks = [CheckResult(g.name, 0.0, float(g.points), f"not a readable notebook: {problem}")
                          for g in ex.graded]
         return ex
-    cells = code_cells(nb)
+    cells = [(index, python) for index, python in ((i, to_python(s)) for i, s in code_cells(nb))
+             if python is not None]
     broken = syntax_errors(cells)
     result.syntax_errors = [f"cell {index}" + (f", line {line}" if line else "") + f": {message}"
                             for index, line, message in broken]

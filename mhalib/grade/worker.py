@@ -17,7 +17,6 @@ import builtins
 import io
 import json
 import os
-import re
 import sys
 import traceback
 
@@ -33,20 +32,34 @@ FILTER_EXIT = 72  # the child could not install its system-call filter: it ran n
 
 
 # ----------------------------------------------------------------------------- cells
-_KEEP_CELL_MAGICS = ("%%time", "%%timeit", "%%capture", "%%prun")
+class NoShell:
+    """What ``get_ipython()`` gives graded code. The grader turns IPython's syntax into calls
+    of it (:func:`mhalib.grade.grader.to_python`): ``%time``, ``%timeit`` and ``%prun`` run
+    their statement once, in the notebook's namespace ``ns``; every other magic and shell
+    command does nothing and returns ``None``."""
 
+    RUN = ("time", "timeit", "prun")
 
-def python_source(source):
-    """IPython syntax -> plain Python (magics and shell escapes become ``pass``, ``x = !ls``
-    ``x = None``); ``None`` for a cell that is not Python (``%%bash``, ``%%writefile``, ...)."""
-    lines = source.splitlines()
-    if lines and lines[0].lstrip().startswith("%%"):
-        if not lines[0].lstrip().startswith(_KEEP_CELL_MAGICS):
-            return None
-        lines = lines[1:]
-    lines = [re.sub(r"^(\s*)[%!].*", r"\1pass", re.sub(r"^(\s*[\w.]+\s*=)\s*[%!].*", r"\1 None", line))
-             for line in lines]
-    return "\n".join(lines)
+    def __init__(self, ns):
+        self.ns = ns
+
+    def run_line_magic(self, name, line, *args, **kwargs):
+        """``%name line``: the statement of ``%time``, ``%timeit`` and ``%prun``, once; else nothing."""
+        if name in self.RUN and isinstance(line, str):
+            exec(compile(line, f"<%{name}>", "exec"), self.ns)  # noqa: S102 - the learner's own statement
+        return None
+
+    def run_cell_magic(self, *args, **kwargs):
+        """``%%magic`` of a cell whose body is not Python: nothing."""
+        return None
+
+    def system(self, *args, **kwargs):
+        """``!command``: nothing."""
+        return None
+
+    def getoutput(self, *args, **kwargs):
+        """``x = !command``: ``None``."""
+        return None
 
 
 def describe(exc):
@@ -67,10 +80,8 @@ def where(tb):
 
 
 def run_cell(ns, source, index):
-    """Run one cell as Jupyter does; returns the error that ended it (or ``None``)."""
-    source = python_source(source)
-    if source is None:
-        return None
+    """Run one cell (plain Python: the grader has converted IPython's syntax) as Jupyter
+    does; returns the error that ended it (or ``None``)."""
     try:
         code = compile(source, f"<cell {index}>", "exec")
     except SyntaxError as exc:
@@ -170,6 +181,8 @@ def serve(fd_in, fd_out, config):
     """Answer the grader's ``exec`` and ``call`` requests until ``exit`` or a message that cannot be read."""
     owner = os.getpid()  # a process forked by learner code that returns here ends instead of answering
     ns = {"__name__": "__main__", "__builtins__": builtins, "display": lambda *a, **k: None}
+    shell = NoShell(ns)
+    ns["get_ipython"] = lambda: shell
     send(fd_out, {"op": "ready", "uid": os.getuid(), "euid": os.geteuid(), "filtered": bool(config.get("seccomp")),
                   "sees": [p for p in config.get("hidden", []) if os.access(p, os.R_OK)]})
     while True:
