@@ -14,6 +14,7 @@ Works for :class:`~mhalib.transformer.ToyTransformer` and
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -70,8 +71,9 @@ def generate(model, prompt, max_new_tokens, *, use_cache=True):
         got = f"shape {tuple(prompt.shape)}, dtype {prompt.dtype}" if isinstance(prompt, torch.Tensor) \
             else type(prompt).__name__
         raise ValueError(f"prompt must be an int64 tensor (B, N) with N >= 1; got {got}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive int; got {max_new_tokens!r}")
+    max_new_tokens = int(max_new_tokens)
     n, limit = prompt.shape[1], model.config.seq_len
     if n + max_new_tokens - 1 > limit:
         raise ValueError(f"a prompt of {n} tokens leaves room for at most {limit - n + 1} new tokens "
@@ -80,17 +82,19 @@ def generate(model, prompt, max_new_tokens, *, use_cache=True):
     tokens, chosen_from, kv_rows = prompt, [], 0
     was_training = model.training
     model.eval()  # no dropout while generating; the model's mode is given back below
-    with torch.no_grad():
-        step_input = prompt  # prefill: the whole prompt once
-        for _ in range(max_new_tokens):
-            if not use_cache:
-                step_input = tokens  # recompute: the whole sequence so far, every step
-            logits = model(step_input, kv_caches=caches)  # (B, N_step, vocab_size)
-            kv_rows += step_input.shape[1]
-            last = logits[:, -1]  # (B, vocab_size): the prediction for the next position
-            chosen_from.append(last)
-            next_token = last.argmax(dim=-1, keepdim=True)  # (B, 1)
-            tokens = torch.cat([tokens, next_token], dim=1)  # (B, N + steps)
-            step_input = next_token  # decode: one token a step
-    model.train(was_training)
+    try:
+        with torch.no_grad():
+            step_input = prompt  # prefill: the whole prompt once
+            for _ in range(max_new_tokens):
+                if not use_cache:
+                    step_input = tokens  # recompute: the whole sequence so far, every step
+                logits = model(step_input, kv_caches=caches)  # (B, N_step, vocab_size)
+                kv_rows += step_input.shape[1]
+                last = logits[:, -1]  # (B, vocab_size): the prediction for the next position
+                chosen_from.append(last)
+                next_token = last.argmax(dim=-1, keepdim=True)  # (B, 1)
+                tokens = torch.cat([tokens, next_token], dim=1)  # (B, N + steps)
+                step_input = next_token  # decode: one token a step
+    finally:
+        model.train(was_training)
     return Generation(tokens, torch.stack(chosen_from, dim=1), kv_rows, caches)

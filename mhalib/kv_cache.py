@@ -158,6 +158,12 @@ class KVCache:
         self._k = self._v = None
         self._len = 0
 
+    def truncate(self, length):
+        """Forget the positions from ``length`` on (keep the first ``length``)."""
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._len:
+            raise ValueError(f"length must be an int in 0 .. {self._len} (the positions cached); got {length!r}")
+        self._len = length
+
     def append(self, k, v):
         """Append ``k, v`` of shape ``(B, g, N_new, d_head)``; return all keys and values so far.
 
@@ -222,9 +228,11 @@ def cached_length(kv_caches, num_layers):
     None) already hold; ValueError unless it is one cache per layer, all of one length."""
     if kv_caches is None:
         return 0
-    if not isinstance(kv_caches, (list, tuple)) or len(kv_caches) != num_layers:
+    if (not isinstance(kv_caches, (list, tuple)) or len(kv_caches) != num_layers
+            or not all(isinstance(cache, KVCache) for cache in kv_caches)):
+        got = [type(c).__name__ for c in kv_caches] if isinstance(kv_caches, (list, tuple)) else type(kv_caches).__name__
         raise ValueError(f"kv_caches must be a list of {num_layers} KVCache, one per layer "
-                         f"(mhalib.generate.new_caches(model)); got {type(kv_caches).__name__}")
+                         f"(mhalib.generate.new_caches(model)); got {got}")
     lengths = {len(cache) for cache in kv_caches}
     if len(lengths) != 1:
         raise ValueError(f"the layers' caches hold different numbers of positions: {sorted(lengths)}")

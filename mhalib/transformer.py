@@ -162,7 +162,7 @@ class ToyTransformer(nn.Module):
 
         Returns:
             logits ``(B, N, vocab_size)``, or ``(logits, weights)`` with weights
-            ``(B, num_layers, H, N, N)``.
+            ``(B, num_layers, H, N, N)`` (``(B, num_layers, H, N, T + N)`` after T cached positions).
         """
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
             got = f"shape {tuple(tokens.shape)}, dtype {tokens.dtype}" if isinstance(tokens, torch.Tensor) \

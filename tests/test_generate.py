@@ -89,3 +89,34 @@ def test_bad_requests_are_clear_errors(lm):
         lm(prompt, kv_caches=caches)
         with pytest.raises(ValueError, match=r"longer than seq_len=64 \(3 cached \+ 62 new\)"):
             lm(torch.zeros(1, 62, dtype=torch.long), kv_caches=caches)
+
+
+def test_a_sequence_fed_in_pieces_through_the_caches_equals_one_pass(lm, toy):
+    """Prefill, then several tokens at once, then one: the logits of one full pass, for both
+    models, with a head ablated too."""
+    cases = [(lm, torch.tensor([encode("<bos> the dogs near the cat do not like the girl".split())] * 2), {}),
+             (lm, torch.tensor([encode("<bos> when the girl sings the dogs run".split())]), {"ablate": [(1, 2)]}),
+             (toy, torch.randint(0, toy.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(1)), {})]
+    for model, tokens, options in cases:
+        caches = new_caches(model)
+        with torch.no_grad():
+            whole = model(tokens, **options)  # (B, N, V)
+            n = tokens.shape[1]
+            cuts = (0, 3, n - 2, n - 1, n)  # a prompt, several tokens at once, then one and one
+            pieces = [model(tokens[:, a:b], kv_caches=caches, **options) for a, b in zip(cuts, cuts[1:])]
+        assert torch.allclose(torch.cat(pieces, dim=1), whole, atol=1e-5), type(model).__name__
+        assert len(caches[0]) == tokens.shape[1]
+
+
+def test_a_step_that_fails_leaves_the_caches_as_they_were(lm):
+    prompt = torch.tensor([encode("<bos> the dogs near".split())])
+    caches = new_caches(lm)
+    with torch.no_grad():
+        lm(prompt, kv_caches=caches)
+        with pytest.raises(ValueError, match="replace_weights patches whole attention maps"):
+            lm(prompt[:, :1], kv_caches=caches, replace_weights={(0, 0): torch.ones(1, 1, 5) / 5})
+        with pytest.raises(RuntimeError):  # a patch of the wrong shape fails in layer 1, after layer 0 appended
+            lm(prompt[:, :1], kv_caches=caches, replace_z={(1, 0): torch.ones(3, 3, 3)})
+    assert [len(c) for c in caches] == [4, 4]
+    with pytest.raises(ValueError, match=r"kv_caches must be a list of 2 KVCache.*\['NoneType', 'NoneType'\]"):
+        lm(prompt, kv_caches=[None, None])

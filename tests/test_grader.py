@@ -288,7 +288,10 @@ IPYTHON_CELLS = [
     "%%time\n# the body of a timed cell runs as the cell\nLABEL = (\"%d heads\"\n         % 4)",
     "%%bash\necho a cell that is not Python: skipped\nexit 1",
     "causal_mask?",
+    "  \n\r\n%%time\nTIMED_CELL = 1",
+    "%timeit -n 3 -r 1 TIMED = OFFSET + 1\n%prun -s cumulative PROFILED = 3",
     "\n\n_solution_mask = causal_mask\n\ndef causal_mask(n):\n    assert OFFSET == 1 and LABEL == \"4 heads\" and listing is None\n"
+    "    assert TIMED_CELL == 1 and TIMED == 2 and PROFILED == 3\n"
     "    return _solution_mask(n)\n",
 ]
 
@@ -309,3 +312,19 @@ def test_ipython_syntax_runs_as_jupyter_runs_it(tmp_path):
     assert result.score == result.max_score == 8 and not result.syntax_errors, result.text()
     assert to_python("%%bash\necho hi") is None
     assert syntax_errors([(7, to_python("\n%%time\nx = 1\ny = (\n"))]) == [(7, 4, syntax_errors([(7, "y = (\n")])[0][2])]
+
+
+def test_ipython_conversion_is_bounded():
+    """A cell too large, or with too many magics, and every cell once the notebook's few
+    seconds of IPython are spent, are converted line by line: IPython re-reads a cell once
+    per magic, which a submission could otherwise turn into minutes of the grader's time."""
+    import time
+
+    from mhalib.grade.grader import IPYTHON_MAX_MAGICS, _approximate_python, to_python
+
+    many = "\n".join(["x = !ls"] * (IPYTHON_MAX_MAGICS + 1) + ["y = 1"])
+    assert to_python(many) == _approximate_python(many) and "x = None" in to_python(many)
+    few = "x = !ls\ny = 1"
+    assert "getoutput" in to_python(few)  # IPython's conversion
+    assert to_python(few, deadline=time.monotonic() - 1) == _approximate_python(few)
+    assert to_python("y = 1\nz = 2") == "y = 1\nz = 2"  # plain Python: left as it is

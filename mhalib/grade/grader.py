@@ -323,7 +323,7 @@ def judge_outcome(graded, case, outcome, call_again):
         hint = explain_error(graded, case, outcome.message, call_again)
         return "fail", (f"{hint} ({name} raised {message}{where})" if hint else f"{name} raised {message}{where}")
     if outcome.status == "not_implemented":
-        return "stop", f"{name} is not written yet (it raises NotImplementedError)"
+        return "stop", f"{graded.lookup} is not written yet (it raises NotImplementedError)"
     if outcome.status == "grading_error":
         return "stop", f"{message}. Score 0 for this function."
     return "stop", message  # it did not run to the end: the caller names the case
@@ -406,9 +406,14 @@ def grade_notebook(path, *, seed=None, limits=None, exercise=None, isolation=Non
 
 
 KEEP_CELL_MAGICS = ("time", "timeit", "capture", "prun")  # cell magics whose body is Python: it runs
+# IPython's transformer re-reads a cell once per magic it rewrites: past these sizes a cell is
+# converted line by line instead, so no submission can hold the grader's own process for long.
+IPYTHON_MAX_CHARS, IPYTHON_MAX_MAGICS, IPYTHON_SECONDS = 32_768, 20, 3.0
+_MAYBE_IPYTHON = re.compile(r"^[ \t]*[%!]|\?[ \t]*$|=[ \t]*[%!]|^[ \t]", re.M)  # else plain Python already
+_BLANK_LINES = re.compile(r"^(?:[ \t\f\v]*\n)*")
 
 
-def to_python(source):
+def to_python(source, deadline=None):
     """A cell in IPython's syntax as plain Python, line for line; ``None`` for a cell that is
     not Python (``%%bash``, ``%%writefile`` and other cell magics), which grading skips.
 
@@ -417,16 +422,25 @@ def to_python(source):
     ``get_ipython()``, which in the child do nothing (:class:`mhalib.grade.worker.NoShell`);
     it reads Python's tokens, so a line that starts with ``%`` inside a string or a
     bracket is left alone. The body of ``%%time``, ``%%timeit``, ``%%capture`` and ``%%prun``
-    runs as the cell, its lines numbered as in the notebook. Without IPython installed, a
-    line-by-line approximation does the same for the common cases.
+    runs as the cell, its lines numbered as in the notebook. Without IPython installed, and
+    for a cell of more than ``IPYTHON_MAX_CHARS`` characters or ``IPYTHON_MAX_MAGICS`` magics,
+    a line-by-line approximation does the same for the common cases; so it does for every
+    cell once ``time.monotonic()`` passes ``deadline`` (the grader gives a notebook a few
+    seconds of IPython).
     """
-    first, _, rest = source.lstrip("\n").partition("\n")
-    skipped = source[:len(source) - len(source.lstrip("\n"))]
+    source = source.replace("\r\n", "\n").replace("\r", "\n")
+    skipped = _BLANK_LINES.match(source).group()  # blank lines first: kept, so the numbering holds
+    first, _, rest = source[len(skipped):].partition("\n")
     if first.lstrip().startswith("%%"):
         name = first.lstrip()[2:].split(maxsplit=1)
         if not name or name[0] not in KEEP_CELL_MAGICS:
             return None
         source = f"{skipped}# {first.strip()}\n{rest}"  # a comment now: the body keeps its line numbers
+    if not _MAYBE_IPYTHON.search(source):
+        return source
+    if (len(source) > IPYTHON_MAX_CHARS or (deadline is not None and time.monotonic() > deadline)
+            or len(re.findall(r"^[ \t]*[%!]|=[ \t]*[%!]", source, re.M)) > IPYTHON_MAX_MAGICS):
+        return _approximate_python(source)
     try:
         from IPython.core.inputtransformer2 import TransformerManager
     except ImportError:
@@ -435,7 +449,7 @@ def to_python(source):
         python = TransformerManager().transform_cell(source).rstrip("\n")
     except Exception:  # noqa: BLE001 - what IPython cannot read, Python will report as a syntax error
         return source
-    lost = len(skipped) - (len(python) - len(python.lstrip("\n")))  # IPython drops leading empty lines
+    lost = skipped.count("\n") - (len(python) - len(python.lstrip("\n")))  # IPython drops leading blank lines
     return "\n" * max(lost, 0) + python  # put back: every line keeps its number
 
 
@@ -490,7 +504,8 @@ def _grade(result, path, limits, exercise, isolation, slot):
         result.checks = [CheckResult(g.name, 0.0, float(g.points), f"not a readable notebook: {problem}")
                          for g in ex.graded]
         return ex
-    cells = [(index, python) for index, python in ((i, to_python(s)) for i, s in code_cells(nb))
+    deadline = time.monotonic() + IPYTHON_SECONDS
+    cells = [(index, python) for index, python in ((i, to_python(s, deadline)) for i, s in code_cells(nb))
              if python is not None]
     broken = syntax_errors(cells)
     result.syntax_errors = [f"cell {index}" + (f", line {line}" if line else "") + f": {message}"

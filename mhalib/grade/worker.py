@@ -38,15 +38,29 @@ class NoShell:
     their statement once, in the notebook's namespace ``ns``; every other magic and shell
     command does nothing and returns ``None``."""
 
-    RUN = ("time", "timeit", "prun")
+    # The magics whose statement runs, and their options that take a value (the others are flags).
+    RUN = {"time": (), "timeit": ("-n", "-r", "-p"), "prun": ("-s", "-l", "-T", "-D", "-m")}
 
     def __init__(self, ns):
         self.ns = ns
 
     def run_line_magic(self, name, line, *args, **kwargs):
-        """``%name line``: the statement of ``%time``, ``%timeit`` and ``%prun``, once; else nothing."""
-        if name in self.RUN and isinstance(line, str):
-            exec(compile(line, f"<%{name}>", "exec"), self.ns)  # noqa: S102 - the learner's own statement
+        """``%name line``: the statement of ``%time``, ``%timeit`` and ``%prun`` (after their
+        options), once, in the notebook's namespace; any other magic, or a statement that is
+        not Python, does nothing."""
+        if name not in self.RUN or not isinstance(line, str):
+            return None
+        statement = line.strip()
+        while statement.startswith("-"):  # the options, and the value of those that take one
+            option, _, statement = statement.partition(" ")
+            if option in self.RUN[name]:
+                statement = statement.lstrip().partition(" ")[2]
+            statement = statement.lstrip()
+        try:
+            code = compile(statement, f"<%{name}>", "exec")
+        except SyntaxError:
+            return None
+        exec(code, self.ns)  # noqa: S102 - the learner's own statement
         return None
 
     def run_cell_magic(self, *args, **kwargs):

@@ -260,7 +260,7 @@ class LanguageModel(nn.Module):
 
         Returns:
             logits ``(B, N, vocab_size)``, or ``(logits, weights)`` with weights
-            ``(B, num_layers, H, N, N)``.
+            ``(B, num_layers, H, N, N)`` (``(B, num_layers, H, N, T + N)`` after T cached positions).
         """
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
             got = f"shape {tuple(tokens.shape)}, dtype {tokens.dtype}" if isinstance(tokens, torch.Tensor) \
@@ -271,6 +271,9 @@ class LanguageModel(nn.Module):
         if start + n > self.config.seq_len:
             raise ValueError(f"sequences of {start + n} tokens are longer than seq_len={self.config.seq_len}"
                              + (f" ({start} cached + {n} new)" if start else ""))
+        if replace_weights and kv_caches is not None:
+            raise ValueError("replace_weights patches whole attention maps (B, N, N): run the full sequence "
+                             "without kv_caches to patch them")
         zero = check_ablate(ablate, self.num_layers, self.num_heads)
         by_layer = {}
         for name, given in (("z", replace_z), ("weights", replace_weights)):
@@ -279,14 +282,19 @@ class LanguageModel(nn.Module):
                 by_layer.setdefault((name, int(layer)), {})[int(head)] = value
         x = self.drop(self.embed(tokens) + self.pos.weight[start:start + n])  # (B, N, d_model)
         all_weights, records = [], []
-        for i, block in enumerate(self.blocks):
-            layer_record = {} if record is not None else None
-            out = block(x, zero_heads=zero.get(i, ()), need_weights=return_weights,
-                        replace_z=by_layer.get(("z", i)), replace_weights=by_layer.get(("weights", i)),
-                        record=layer_record, kv_cache=None if kv_caches is None else kv_caches[i])
-            x, w = out if return_weights else (out, None)  # x: (B, N, d_model), w: (B, H, N, N)
-            all_weights.append(w)
-            records.append(layer_record)
+        try:
+            for i, block in enumerate(self.blocks):
+                layer_record = {} if record is not None else None
+                out = block(x, zero_heads=zero.get(i, ()), need_weights=return_weights,
+                            replace_z=by_layer.get(("z", i)), replace_weights=by_layer.get(("weights", i)),
+                            record=layer_record, kv_cache=None if kv_caches is None else kv_caches[i])
+                x, w = out if return_weights else (out, None)  # x: (B, N, d_model), w: (B, H, N, N + T)
+                all_weights.append(w)
+                records.append(layer_record)
+        except Exception:
+            for cache in kv_caches or []:  # a step that fails leaves the caches as they were
+                cache.truncate(min(start, len(cache)))
+            raise
         if record is not None:
             record["z"] = torch.stack([r["z"] for r in records], dim=1)  # (B, L, H, N, d_head)
             record["weights"] = torch.stack([r["weights"] for r in records], dim=1)  # (B, L, H, N, N)
