@@ -116,13 +116,14 @@ def test_plain_python_kernel_equals_the_compiled_one():
     qg = (q / math.sqrt(d)).reshape(1, 2, 4, d).numpy()  # (B, g, R, d)
     m = np.empty((1, 2, 3, 4), np.float32)
     l, acc, out = np.empty_like(m), np.empty((1, 2, 3, 4, d), np.float32), np.empty((1, 2, 4, d), np.float32)
-    saved = fd.prange  # the name compile_kernels rebinds to numba.prange
+    fd.compile_kernels()
+    saved = fd.prange, fd.prefetch, fd.weigh  # the names compile_kernels rebinds to Numba's
     try:
-        fd.prange = range
+        fd.prange, fd.prefetch, fd.weigh = range, fd.python_prefetch, fd.python_weigh
         fd.block_partials(qg, k.numpy(), v.numpy(), 4, m, l, acc)
         fd.merge_blocks(m, l, acc, out)
     finally:
-        fd.prange = saved
+        fd.prange, fd.prefetch, fd.weigh = saved
     want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     torch.testing.assert_close(torch.from_numpy(out).view(1, 8, 1, d), want, atol=2e-5, rtol=2e-5)
 
