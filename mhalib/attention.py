@@ -18,6 +18,7 @@ from torch import nn
 from mhalib.validation import check_divisible
 
 __all__ = [
+    "ATTN_IMPLEMENTATIONS",
     "causal_allowed",
     "normalize_mask",
     "repeat_kv",
@@ -99,6 +100,9 @@ def repeat_kv(x, n_rep):
     return x.reshape(b, g * n_rep, n, d)  # (B, H, N, d)
 
 
+#: The kernels :meth:`GroupedQueryAttention.attend` can use (see its docstring).
+ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa")
+
 #: Keys per block in :func:`grouped_attention`'s score product when K/V heads are shared
 #: (1,024 keys of d_head 128 in fp32 are 512 KiB: they fit a core's L2 cache).
 KEY_BLOCK = 1024
@@ -169,16 +173,25 @@ class GroupedQueryAttention(nn.Module):
     ``num_kv_heads == num_heads`` is multi-head attention (Vaswani et al., 2017);
     ``num_kv_heads == 1`` is multi-query attention (Shazeer, 2019).
 
+    ``attn_implementation`` names the kernel: ``"eager"`` (the formula, :func:`grouped_attention`),
+    ``"sdpa"`` (PyTorch's fused kernel) or ``"auto"`` (the measured faster one; see :meth:`attend`).
+    All three give the same numbers to float rounding.
+
     Attributes:
         q_proj: ``nn.Linear(d_model, d_model)``.
         k_proj, v_proj: ``nn.Linear(d_model, num_kv_heads * head_dim)``.
         o_proj: ``nn.Linear(d_model, d_model)``.
+        attn_implementation: the kernel, as given (it may be changed on the module).
     """
 
-    def __init__(self, d_model, num_heads, num_kv_heads, bias=False):
+    def __init__(self, d_model, num_heads, num_kv_heads, bias=False, attn_implementation="auto"):
         super().__init__()
         check_divisible(d_model, num_heads, "d_model", "num_heads")
         check_divisible(num_heads, num_kv_heads, "num_heads", "num_kv_heads")
+        if attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise ValueError(f"attn_implementation must be one of {', '.join(map(repr, ATTN_IMPLEMENTATIONS))}; "
+                             f"got {attn_implementation!r}")
+        self.attn_implementation = attn_implementation
         self.d_model = int(d_model)
         self.num_heads = int(num_heads)
         self.num_kv_heads = int(num_kv_heads)
@@ -191,8 +204,9 @@ class GroupedQueryAttention(nn.Module):
 
     def extra_repr(self):
         """The sizes shown in the module's repr."""
+        kernel = "" if self.attn_implementation == "auto" else f", attn_implementation={self.attn_implementation!r}"
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, "
-                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}")
+                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}{kernel}")
 
     def _check_input(self, x):
         if not isinstance(x, torch.Tensor):
@@ -220,16 +234,23 @@ class GroupedQueryAttention(nn.Module):
 
         ``q`` is ``(B, H, N_q, d)``, ``k, v`` are ``(B, g, N_k, d)`` with ``N_q <= N_k``
         when ``causal`` (the mask is then aligned to the bottom right, as in decoding).
-        Measured choice of kernel (``benchmarks/bench_decode.py``): one decoding query,
-        or a request for the weights, goes to
-        :func:`grouped_attention`; several queries go to PyTorch's fused
-        ``scaled_dot_product_attention`` with ``enable_gqa``, which never forms the
-        ``(N_q, N_k)`` score matrix in full.
+        The kernel is the module's ``attn_implementation`` (Hugging Face's name for the choice):
+
+        * ``"eager"``: :func:`grouped_attention`, the formula written out, always;
+        * ``"sdpa"``: PyTorch's fused ``scaled_dot_product_attention`` with ``enable_gqa``,
+          which never forms the ``(N_q, N_k)`` score matrix in full; a request for the
+          weights goes to ``"eager"`` (the fused kernel does not return them);
+        * ``"auto"`` (the default): the faster of the two as measured on a CPU
+          (``benchmarks/bench_decode.py``): ``"eager"`` for one decoding query or the
+          weights, ``"sdpa"`` for several queries.
         """
         b, _, n_q, _ = q.shape
         n_k = k.shape[2]
         mask = normalize_mask(attn_mask, b, self.num_heads, n_q, n_k, q.dtype)
-        if need_weights or n_q == 1:
+        kernel = self.attn_implementation
+        if kernel == "auto":
+            kernel = "eager" if n_q == 1 else "sdpa"
+        if need_weights or kernel == "eager":
             return grouped_attention(q, k, v, causal=causal, attn_mask=mask, need_weights=need_weights)
         if causal and n_q != n_k:
             allowed = causal_allowed(n_q, n_k, device=q.device)  # (N_q, N_k), bottom-right aligned
@@ -271,16 +292,16 @@ class GroupedQueryAttention(nn.Module):
 class MultiHeadAttention(GroupedQueryAttention):
     """Multi-head attention: every query head has its own key/value head (g = H)."""
 
-    def __init__(self, d_model, num_heads, bias=False):
+    def __init__(self, d_model, num_heads, bias=False, attn_implementation="auto"):
         check_divisible(d_model, num_heads, "d_model", "num_heads")
-        super().__init__(d_model, num_heads, num_heads, bias=bias)
+        super().__init__(d_model, num_heads, num_heads, bias=bias, attn_implementation=attn_implementation)
 
 
 class MultiQueryAttention(GroupedQueryAttention):
     """Multi-query attention: all query heads share one key/value head (g = 1)."""
 
-    def __init__(self, d_model, num_heads, bias=False):
-        super().__init__(d_model, num_heads, 1, bias=bias)
+    def __init__(self, d_model, num_heads, bias=False, attn_implementation="auto"):
+        super().__init__(d_model, num_heads, 1, bias=bias, attn_implementation=attn_implementation)
 
 
 def to_nn_multihead_attention(module):

@@ -262,3 +262,41 @@ def test_no_name_is_both_an_additive_and_a_boolean_mask():
     additive = mhalib.causal_mask(3)
     assert additive.dtype == np.float64 and additive[0, 1] == -np.inf and additive[1, 0] == 0
     assert not hasattr(attention, "causal_mask") and attention.causal_allowed(3).dtype == torch.bool
+
+
+@pytest.mark.parametrize("g", [4, 2, 1])
+def test_each_attention_implementation_gives_the_same_numbers_and_uses_its_kernel(g, monkeypatch):
+    """eager always goes through grouped_attention, sdpa through the fused kernel (except
+    for the weights), auto as measured; prefill and a decoding step with a cache agree."""
+    from mhalib import attention
+    from mhalib.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 7, 32)  # (B, N, d_model)
+    outputs, calls = {}, []
+    real_sdpa = attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append("sdpa") or real_sdpa(*a, **k))
+    for kind in attention.ATTN_IMPLEMENTATIONS:
+        torch.manual_seed(1)
+        layer = attention.GroupedQueryAttention(32, 4, g, attn_implementation=kind).eval()
+        calls.clear()
+        with torch.no_grad():
+            cache = KVCache()
+            prefill = layer(x[:, :6], causal=True, kv_cache=cache)  # several queries
+            step = layer(x[:, 6:], causal=True, kv_cache=cache)  # one decoding query
+            _, weights = layer(x, causal=True, need_weights=True)
+        outputs[kind] = torch.cat([prefill, step], dim=1)
+        expected = {"eager": [], "sdpa": ["sdpa", "sdpa"], "auto": ["sdpa"]}[kind]
+        assert calls == expected, (kind, calls)
+        assert weights.shape == (2, 4, 7, 7)
+    for kind in ("sdpa", "auto"):
+        torch.testing.assert_close(outputs[kind], outputs["eager"], atol=1e-5, rtol=1e-5)
+    assert "attn_implementation='sdpa'" in repr(attention.GroupedQueryAttention(32, 4, g, attn_implementation="sdpa"))
+
+
+def test_an_unknown_attention_implementation_is_a_clear_error():
+    from mhalib.attention import MultiHeadAttention
+
+    with pytest.raises(ValueError, match="attn_implementation must be one of 'auto', 'eager', 'sdpa'; got 'flash'"):
+        MultiHeadAttention(32, 4, attn_implementation="flash")
