@@ -305,3 +305,33 @@ def test_no_exercise_module_imports_another():
     for path in sorted(folder.glob("ex[0-9][0-9]_*.py")):
         imports = re.findall(r"^from mhalib\.grade\.exercises\.(\w+) import", path.read_text(encoding="utf-8"), re.M)
         assert all(name.startswith("_") for name in imports), (path.name, imports)
+
+
+def test_a_kernel_that_dies_starting_is_started_again_and_nothing_else_is_retried():
+    """conftest.py: nbval's kernel start is wrapped; a kernel that dies starting gets up to
+    three starts, any other error none."""
+    import nbval.kernel
+
+    from conftest import retry_kernel_start
+
+    assert hasattr(nbval.kernel.start_new_kernel, "__wrapped__")  # the wrapper is in place for nbval
+    tries = []
+
+    def flaky(fail_times, message):
+        def start():
+            tries.append(1)
+            if len(tries) <= fail_times:
+                raise RuntimeError(message)
+            return "kernel"
+        return start
+
+    with pytest.warns(RuntimeWarning, match="died while starting"):
+        assert retry_kernel_start(flaky(2, "Kernel died before replying to kernel_info"))() == "kernel"
+    assert len(tries) == 3
+    tries.clear()
+    with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="Kernel died"):
+        retry_kernel_start(flaky(3, "Kernel died before replying to kernel_info"))()
+    tries.clear()
+    with pytest.raises(RuntimeError, match="didn't respond"):  # not a death: no second start
+        retry_kernel_start(flaky(1, "Kernel didn't respond in 60 seconds"))()
+    assert len(tries) == 1
