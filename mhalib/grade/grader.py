@@ -409,7 +409,9 @@ KEEP_CELL_MAGICS = ("time", "timeit", "capture", "prun")  # cell magics whose bo
 # IPython's transformer re-reads a cell once per magic it rewrites: past these sizes a cell is
 # converted line by line instead, so no submission can hold the grader's own process for long.
 IPYTHON_MAX_CHARS, IPYTHON_MAX_MAGICS, IPYTHON_SECONDS = 32_768, 20, 3.0
-_MAYBE_IPYTHON = re.compile(r"^[ \t]*[%!]|\?[ \t]*$|=[ \t]*[%!]|^[ \t]", re.M)  # else plain Python already
+# IPython syntax somewhere (a magic, a shell command, help), or a cell indented as a whole,
+# which IPython dedents; any other cell is plain Python already and is left as it is.
+_MAYBE_IPYTHON = re.compile(r"^[ \t]*[%!]|\?[ \t]*$|=[ \t]*[%!]|\A[ \t]", re.M)
 _BLANK_LINES = re.compile(r"^(?:[ \t\f\v]*\n)*")
 
 

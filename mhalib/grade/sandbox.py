@@ -100,19 +100,19 @@ class Isolation:
 
     def describe(self, uid=None, limits=None):
         """One line for the report: the isolation, the child's ``uid`` and the ``limits`` in force."""
-        limits_ = limits or Limits()
+        limits = limits or Limits()
         if self.kind in ("bubblewrap", "unprivileged user"):
             problem = cgroup.support()
-            limits = (f"{limits_.memory_mb} MiB and {limits_.nproc} processes for the whole submission (cgroup)"
-                      if not problem else f"memory and processes limited per process only (no cgroup: {problem})")
-            limits += "; system calls filtered (seccomp)" if seccomp.supported() else "; no system-call filter here"
+            caps = (f"{limits.memory_mb} MiB and {limits.nproc} processes for the whole submission (cgroup)"
+                    if not problem else f"memory and processes limited per process only (no cgroup: {problem})")
+            caps += "; system calls filtered (seccomp)" if seccomp.supported() else "; no system-call filter here"
         if self.kind == "bubblewrap":
-            size = f"of {limits_.file_mb} MiB" if self.tmp_size else "(bubblewrap < 0.8: size capped by the cgroup only)"
+            size = f"of {limits.file_mb} MiB" if self.tmp_size else "(bubblewrap < 0.8: size capped by the cgroup only)"
             return (f"bubblewrap sandbox (uid {uid}; own PID, network and IPC namespaces; system read-only; "
-                    f"no course files; private /tmp {size}; {limits})")
+                    f"no course files; private /tmp {size}; {caps})")
         if self.kind == "unprivileged user":
             return (f"user nobody (uid {NOBODY}) in a private folder, one submission per container; no bubblewrap; "
-                    f"{limits}")
+                    f"{caps}")
         if self.kind == "none":
             return f"none: the submission ran as {pwd.getpwuid(os.getuid()).pw_name}, unprotected (--no-isolation)"
         return f"none available: {self.problem}"
