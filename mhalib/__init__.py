@@ -9,12 +9,17 @@ Modules, one concept each (dependencies flow downwards only):
 * ``mhalib.fused_decode``: a fused grouped-query decode kernel in Numba (one pass over the
   cache, online softmax, key blocks merged by log-sum-exp); Numba loads on its first call.
 * ``mhalib.kv_cache``: KV-cache sizes for real models, a cache, one NumPy decode step.
-* ``mhalib.tasks``, ``mhalib.transformer``, ``mhalib.training``: the copy tasks and the
-  tiny attention-only transformer of notebook 04, with its training loop and checkpoint.
-* ``mhalib.interpret``: head scores (previous-token, induction, duplicate) and ablation.
-* ``mhalib.language``: notebook 05's small language model: a seeded grammar, a
-  pre-LayerNorm decoder on ``mhalib.attention``, probes, head scores, ablation, and the
-  shipped weights (``python -m mhalib.language train`` retrains them).
+* ``mhalib.decoder``: the one decoder-only transformer every trained model of the course is
+  (``Decoder``, ``DecoderConfig``), with one head contract for ablation and patching;
+  ``mhalib.checkpoints`` its one file format and loader; ``mhalib.fit`` its one training
+  loop; ``mhalib.runtime`` threads and progress bars.
+* ``mhalib.tasks``, ``mhalib.transformer``, ``mhalib.training``: the copy-task family of
+  notebooks 04 and 08: the tasks, the attention-only configuration, training and evaluation.
+* ``mhalib.interpret``: head scores (previous-token, induction, duplicate, ``<bos>``,
+  relations), ablation tables and recorded heads, for any model of the course.
+* ``mhalib.language``: the language family of notebooks 05 and 06: a seeded grammar, the
+  decoder as a small GPT-2, probes, the grammar's head scores and patching, and the shipped
+  weights of five seeds (``python -m mhalib.language train`` retrains them).
 * ``mhalib.convert``: turning a trained MHA model into GQA/MQA (mean, first, random), for
   either model.
 * ``mhalib.generate``: greedy generation with and without a KV cache, for either model
@@ -61,7 +66,9 @@ _LAZY = {
     "kv_cache_bytes": "mhalib.kv_cache",
     "decode_step": "mhalib.kv_cache",
     "MODEL_CONFIGS": "mhalib.kv_cache",
-    "ToyTransformer": "mhalib.transformer",
+    "Decoder": "mhalib.decoder",
+    "DecoderConfig": "mhalib.decoder",
+    "load_model": "mhalib.checkpoints",
     "load_pretrained": "mhalib.transformer",
     "convert_kv": "mhalib.convert",
     "mean_pool_kv": "mhalib.convert",

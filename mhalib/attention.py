@@ -221,11 +221,18 @@ class GroupedQueryAttention(nn.Module):
                 f"x has last dimension {x.shape[-1]} but this module has d_model={self.d_model}"
             )
 
-    def project(self, x):
-        """Project and split: ``x (B, N, d_model)`` -> q ``(B, H, N, d)``, k, v ``(B, g, N, d)``."""
+    def project(self, x, qk_input=None):
+        """Project and split: ``x (B, N, d_model)`` -> q ``(B, H, N, d)``, k, v ``(B, g, N, d)``.
+
+        ``qk_input`` ``(B, N, d_model)``, if given, is what the queries and keys are computed
+        from instead of ``x`` (the values still read ``x``): positions that help a head *find*
+        a token without being *moved* with it (:class:`mhalib.decoder.Decoder`'s
+        ``positions="queries_keys"``).
+        """
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, N, d)
-        k = self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, g, N, d)
+        qk = x if qk_input is None else qk_input
+        q = self.q_proj(qk).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, N, d)
+        k = self.k_proj(qk).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, g, N, d)
         v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, g, N, d)
         return q, k, v
 
@@ -260,7 +267,8 @@ class GroupedQueryAttention(nn.Module):
         gqa = self.num_kv_heads != self.num_heads
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
 
-    def forward(self, x, *, causal=False, attn_mask=None, need_weights=False, kv_cache=None):
+    def forward(self, x, *, causal=False, attn_mask=None, need_weights=False, kv_cache=None, qk_input=None,
+                z_hook=None, pattern_hook=None):
         """Attend from every position of ``x`` to every position of ``x`` (and of the cache).
 
         Args:
@@ -273,19 +281,35 @@ class GroupedQueryAttention(nn.Module):
             need_weights: also return the attention weights.
             kv_cache: optional :class:`mhalib.kv_cache.KVCache`; this call appends its
                 keys and values to it and attends to everything cached so far.
+            qk_input: optional ``(B, N, d_model)`` for the queries and keys (see :meth:`project`).
+            z_hook: the head contract, for ablation and patching: ``fn(z)`` on the per-head
+                outputs ``z`` ``(B, H, N, d_head)`` *before* ``o_proj`` mixes the heads; it
+                returns the ``z`` to use (or None to keep it). Zeroing ``z[:, h]`` removes
+                exactly head h's contribution.
+            pattern_hook: ``fn(weights)`` on the attention weights ``(B, H, N, N_k)``; if it
+                returns weights, the heads attend with those (``z`` is recomputed from them
+                and this call's values); None keeps them. Forces the eager kernel.
 
         Returns:
             ``(B, N, d_model)``, or ``(output, weights)`` with weights ``(B, H, N, N_k)``.
         """
         self._check_input(x)
         b, n, _ = x.shape
-        q, k, v = self.project(x)  # (B, H, N, d), (B, g, N, d), (B, g, N, d)
+        q, k, v = self.project(x, qk_input)  # (B, H, N, d), (B, g, N, d), (B, g, N, d)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # (B, g, T + N, d) each
-        result = self.attend(q, k, v, causal=causal, attn_mask=attn_mask, need_weights=need_weights)
-        out, weights = result if need_weights else (result, None)
-        out = out.transpose(1, 2).reshape(b, n, self.d_model)  # (B, N, d_model)
-        out = self.o_proj(out)  # (B, N, d_model)
+        explicit = need_weights or pattern_hook is not None
+        result = self.attend(q, k, v, causal=causal, attn_mask=attn_mask, need_weights=explicit)
+        z, weights = result if explicit else (result, None)  # z: (B, H, N, d)
+        if pattern_hook is not None:
+            patched = pattern_hook(weights)
+            if patched is not None:
+                weights = patched  # (B, H, N, N_k)
+                z = weights @ repeat_kv(v, self.num_heads // self.num_kv_heads)  # (B, H, N, d)
+        if z_hook is not None:
+            changed = z_hook(z)
+            z = z if changed is None else changed  # (B, H, N, d)
+        out = self.o_proj(z.transpose(1, 2).reshape(b, n, self.d_model))  # (B, N, d_model)
         return (out, weights) if need_weights else out
 
 

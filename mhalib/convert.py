@@ -21,8 +21,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from mhalib.attention import GroupedQueryAttention
-from mhalib.transformer import INIT_STD
+from mhalib.decoder import INIT_STD, Decoder
 from mhalib.validation import check_divisible
 
 __all__ = ["mean_pool_kv", "first_head_kv", "convert_kv", "attention_modules", "METHODS"]
@@ -69,36 +68,32 @@ def first_head_kv(weight, num_heads, num_kv_heads):
 
 
 def attention_modules(model):
-    """The :class:`~mhalib.attention.GroupedQueryAttention` of each layer of ``model``, in order."""
-    return [m for m in model.modules() if isinstance(m, GroupedQueryAttention)]
+    """The :class:`~mhalib.attention.GroupedQueryAttention` of each block of a :class:`~mhalib.decoder.Decoder`."""
+    return [block.attn for block in model.blocks]
 
 
 def convert_kv(model, num_kv_heads, method="mean", *, seed=0):
     """A copy of ``model`` with every layer's keys and values merged into ``num_kv_heads`` heads.
 
     Args:
-        model: a trained course model (left unchanged): a
-            :class:`~mhalib.transformer.ToyTransformer` or a
-            :class:`~mhalib.language.model.LanguageModel`; any model whose ``config`` is a
-            dataclass with ``num_kv_heads`` and whose layers are
-            :class:`~mhalib.attention.GroupedQueryAttention`.
+        model: a trained :class:`~mhalib.decoder.Decoder` of either family (left unchanged).
         num_kv_heads: g, dividing the model's current number of K/V heads.
         method: ``"mean"``, ``"first"`` or ``"random"`` (see the module docstring).
         seed: seeds the fresh weights of ``"random"``.
 
     Returns:
-        a new model of the same class with ``num_kv_heads=g``; everything but the K and V
+        a new Decoder with ``num_kv_heads=g``, in eval mode; everything but the K and V
         projections (embeddings, positions, queries, outputs, MLPs, LayerNorms) is a copy.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    if not isinstance(model, Decoder):
+        raise ValueError(f"convert_kv converts a course model (a mhalib.decoder.Decoder); got {type(model).__name__}")
     config = model.config
     old_layers = attention_modules(model)
-    if not old_layers or not hasattr(config, "num_kv_heads"):
-        raise ValueError(f"convert_kv converts a course model (ToyTransformer, LanguageModel); got {type(model).__name__}")
-    current = old_layers[0].num_kv_heads
+    current = config.num_kv_heads
     check_divisible(current, num_kv_heads, "the model's num_kv_heads", "num_kv_heads")
-    new = type(model)(replace(config, num_kv_heads=num_kv_heads))
+    new = Decoder(replace(config, num_kv_heads=num_kv_heads))
     state = {k: v for k, v in model.state_dict().items() if not k.endswith(("k_proj.weight", "v_proj.weight"))}
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -7,9 +7,8 @@ and then each step runs the model on the one new token, whose queries attend to 
 cached keys and values (*decode*). Both give the same tokens and, to float rounding, the
 same logits (``tests/test_generate.py``); notebook 06 shows it on the trained language model.
 
-Works for :class:`~mhalib.transformer.ToyTransformer` and
-:class:`~mhalib.language.model.LanguageModel` (any ``num_kv_heads``): each takes
-``kv_caches=`` in its forward.
+Works for every model of the course, a :class:`~mhalib.decoder.Decoder` of either family
+(any ``num_kv_heads``): its forward takes ``kv_caches=``.
 """
 
 from __future__ import annotations

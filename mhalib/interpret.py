@@ -1,8 +1,8 @@
-"""Finding what heads do: attention-pattern scores and head ablation.
+"""Finding what heads do, in any model of the course: attention scores, ablation, patching.
 
-Scores take attention weights ``(H, N, N)`` or ``(B, H, N, N)`` (rows are queries,
-as everywhere in mhalib) as NumPy arrays or torch tensors and return one number per
-head, a NumPy array ``(H,)``:
+Scores of one layer take attention weights ``(H, N, N)`` or ``(B, H, N, N)`` (rows are
+queries, as everywhere in mhalib) as NumPy arrays or torch tensors and return one number
+per head, a NumPy array ``(H,)``:
 
 * :func:`previous_token_score`: mean weight on the token one back;
 * :func:`offset_score`: the same for any fixed distance back;
@@ -10,13 +10,22 @@ head, a NumPy array ``(H,)``:
   current token (the induction pattern of Olsson et al., 2022);
 * :func:`duplicate_token_score`: weight on earlier occurrences of the current token.
 
-:func:`ablate_head` zeroes one head's output (or several); :func:`ablation_table`
-measures what that costs a trained :class:`~mhalib.transformer.ToyTransformer`.
+Scores of every layer take ``(B, L, H, N, N)`` and return ``(L, H)``:
+:func:`relation_score` (weight from the query predicting a target onto a given key) and
+:func:`bos_score` (weight on position 0, the attention sink).
+
+On a model (:class:`~mhalib.decoder.Decoder`): :func:`attention_weights`,
+:func:`head_scores` (any of the scores above, for every head), :func:`ablation_table`
+(each head zeroed in turn, measured by a function you give), :func:`record_heads` (what
+each head computed: the inputs of a patch), and :func:`ablate_head` /
+:func:`ablation_hook` for the model's ``z_hook``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from mhalib.runtime import num_threads
 
 __all__ = [
     "previous_token_score",
@@ -25,8 +34,12 @@ __all__ = [
     "duplicate_token_score",
     "ablate_head",
     "ablation_hook",
+    "relation_score",
+    "bos_score",
     "attention_weights",
+    "record_heads",
     "head_scores",
+    "SCORES",
     "ablation_table",
 ]
 
@@ -181,56 +194,141 @@ def ablate_head(z, head):
 
 
 def ablation_hook(layer, heads):
-    """A ``z_hook`` for :class:`~mhalib.transformer.ToyTransformer` that zeroes ``heads`` in ``layer``."""
+    """A ``z_hook`` for :meth:`~mhalib.decoder.Decoder.forward` that zeroes ``heads`` in ``layer``.
+
+    The same as ``ablate=[(layer, h) for h in heads]``; written out, it shows what a hook is.
+    """
     def hook(layer_index, z):
         return ablate_head(z, heads) if layer_index == layer else z
     return hook
 
 
-def attention_weights(model, tokens):
-    """Every layer's attention weights for ``tokens`` ``(B, N)``: NumPy ``(B, L, H, N, N)``."""
+def _weights_5d(weights):
+    w = _as_numpy(weights, "weights")
+    if w.ndim != 5 or w.shape[-1] != w.shape[-2]:
+        raise ValueError(f"weights must be (B, L, H, N, N); got shape {np.shape(weights)}")
+    return w
+
+
+def relation_score(weights, pairs):
+    """Mean weight from the query that predicts ``target`` onto ``key``, per head of every layer.
+
+    Args:
+        weights: ``(B, L, H, N, N)``.
+        pairs: ``(M, 3)`` int array of ``(sequence, target, key)`` with ``1 <= target``
+            and ``key < target``, e.g. ``LanguageBatch.relations["agreement"]``.
+
+    Returns:
+        ``(L, H)``: the mean over the M pairs of ``weights[b, :, :, target - 1, key]``.
+        1 means the head always looks exactly at the key when the target is predicted.
+    """
+    w = _weights_5d(weights)
+    p = np.asarray(pairs, dtype=np.int64).reshape(-1, 3)
+    if len(p) == 0:
+        raise ValueError("pairs is empty: no relation to score")
+    b, target, key = p.T
+    if (target < 1).any() or (key >= target).any() or (b >= w.shape[0]).any() or (target >= w.shape[-1]).any():
+        raise ValueError(f"pairs must be (sequence < {w.shape[0]}, 1 <= target < {w.shape[-1]}, key < target)")
+    return w[b, :, :, target - 1, key].mean(axis=0)  # (L, H)
+
+
+def bos_score(weights):
+    """Mean weight on position 0 (``<bos>``, the attention sink) over every query after it: ``(L, H)``."""
+    w = _weights_5d(weights)
+    return w[:, :, :, 1:, 0].mean(axis=(0, 3))  # (L, H)
+
+
+def _tokens_tensor(tokens):
     import torch
 
-    with torch.no_grad():
-        _, weights = model(tokens, return_weights=True)  # (B, L, H, N, N)
+    return torch.as_tensor(np.asarray(tokens.detach().cpu() if hasattr(tokens, "detach") else tokens),
+                           dtype=torch.long)
+
+
+def attention_weights(model, tokens, ablate=None, *, threads=1):
+    """Every layer's attention weights for ``tokens`` ``(B, N)`` (NumPy or torch): NumPy ``(B, L, H, N, N)``.
+
+    ``ablate``: optional ``(layer, head)`` pairs zeroed during the run.
+    """
+    import torch
+
+    with torch.no_grad(), num_threads(threads):
+        _, weights = model(_tokens_tensor(tokens), return_weights=True, ablate=ablate)  # (B, L, H, N, N)
     return weights.numpy()
 
 
-def head_scores(model, tokens):
-    """Previous-token, induction and duplicate-token scores of every head.
+def record_heads(model, tokens, ablate=None, *, threads=1):
+    """Every head's output ``z`` and attention weights on ``tokens`` (the inputs of a patch).
 
     Args:
-        model: a :class:`~mhalib.transformer.ToyTransformer`.
-        tokens: ``(B, N)`` int64 tensor.
+        model: a :class:`~mhalib.decoder.Decoder`.
+        tokens: ``(B, N)`` token ids.
+        ablate: optional heads zeroed during the run.
 
     Returns:
-        dict name -> ``(L, H)`` NumPy array, names ``"previous"``, ``"induction"``,
-        ``"duplicate"`` (ready for ``mhalib.plots.attention_grid(..., scores=...)``).
+        dict with ``"z"`` ``(B, L, H, N, d_head)`` and ``"weights"`` ``(B, L, H, N, N)`` tensors.
     """
+    import torch
+
+    record = {}
+    with torch.no_grad(), num_threads(threads):
+        model(_tokens_tensor(tokens), ablate=ablate, record=record)
+    return record
+
+
+#: The scores :func:`head_scores` computes from the tokens alone (a relation's come from its pairs).
+SCORES = ("previous", "bos", "induction", "duplicate")
+
+
+def head_scores(model, tokens, names=("previous", "induction", "duplicate"), *, relations=None):
+    """Scores of every head of ``model`` on ``tokens``, from one run's attention weights.
+
+    Args:
+        model: a :class:`~mhalib.decoder.Decoder`.
+        tokens: ``(B, N)`` token ids (NumPy or torch).
+        names: which scores, in this order: any of :data:`SCORES`, and the names of ``relations``.
+        relations: optional dict name -> ``(M, 3)`` pairs ``(sequence, target, key)`` scored
+            by :func:`relation_score` (e.g. the grammar's ``batch.relations``). A name found
+            here is scored from its pairs, even one of :data:`SCORES`.
+
+    Returns:
+        dict name -> ``(L, H)`` NumPy array (ready for ``mhalib.plots.attention_grid(..., scores=...)``).
+    """
+    relations = relations or {}
+    unknown = [n for n in names if n not in relations and n not in SCORES]
+    if unknown:
+        raise ValueError(f"unknown scores {unknown}; allowed: {list(SCORES)} and the relations given "
+                         f"({sorted(relations) or 'none'})")
     w = attention_weights(model, tokens)  # (B, L, H, N, N)
-    t = tokens.numpy()
-    layers = range(w.shape[1])
-    return {
-        "previous": np.stack([previous_token_score(w[:, l]) for l in layers]),  # (L, H)
-        "induction": np.stack([induction_score(w[:, l], t) for l in layers]),  # (L, H)
-        "duplicate": np.stack([duplicate_token_score(w[:, l], t) for l in layers]),  # (L, H)
-    }
+    t = _tokens_tensor(tokens).numpy()
+    by_layer = {"previous": previous_token_score, "induction": lambda wl: induction_score(wl, t),
+                "duplicate": lambda wl: duplicate_token_score(wl, t)}
+    out = {}
+    for name in names:
+        if name in relations:
+            out[name] = relation_score(w, relations[name])
+        elif name == "bos":
+            out[name] = bos_score(w)
+        else:
+            out[name] = np.stack([by_layer[name](w[:, layer]) for layer in range(w.shape[1])])  # (L, H)
+    return out
 
 
-def ablation_table(model, task=None, *, seed=12345, batch_size=1024):
-    """Loss and accuracy with each head zeroed in turn.
+def ablation_table(model, measure, heads=None):
+    """What removing each head costs: ``measure`` with the model intact, then with each head zeroed.
+
+    Args:
+        model: a :class:`~mhalib.decoder.Decoder`.
+        measure: ``fn(ablate) -> dict`` of numbers, where ``ablate`` is None (intact) or a
+            list of ``(layer, head)`` pairs to zero; e.g.
+            ``lambda ablate: mhalib.training.evaluate(model, task, ablate=ablate)``.
+        heads: which ablations to run, a list of lists of ``(layer, head)`` pairs
+            (default: every single head).
 
     Returns:
-        list of dicts ``{"layer", "head", "loss", "accuracy"}``; the first row is the
-        intact model (``layer`` and ``head`` None), then one row per head.
+        list of dicts ``{"ablate": pairs, **measure(pairs)}``; the first row is the intact
+        model (``"ablate"`` is ``[]``), then one row per ablation.
     """
-    from mhalib.training import evaluate
-
-    rows = [{"layer": None, "head": None, **evaluate(model, task, seed=seed, batch_size=batch_size)}]
-    cfg = model.config
-    for layer in range(cfg.num_layers):
-        for head in range(cfg.num_heads):
-            result = evaluate(model, task, seed=seed, batch_size=batch_size,
-                              z_hook=ablation_hook(layer, head))
-            rows.append({"layer": layer, "head": head, **result})
-    return rows
+    if heads is None:
+        heads = [[(layer, head)] for layer in range(model.num_layers) for head in range(model.num_heads)]
+    return [{"ablate": ablate, **measure(ablate or None)} for ablate in [[]] + [list(h) for h in heads]]

@@ -7,7 +7,8 @@ import torch
 from mhalib.convert import convert_kv, first_head_kv, mean_pool_kv
 from mhalib.tasks import make_generator, variable_offset_task
 from mhalib.training import evaluate
-from mhalib.transformer import ToyConfig, ToyTransformer, load_pretrained
+from mhalib.decoder import Decoder
+from mhalib.transformer import COPY_TASK_CONFIG, load_pretrained
 
 
 @pytest.mark.parametrize("h,g", [(4, 2), (4, 1), (4, 4), (8, 2), (6, 3)])
@@ -37,11 +38,11 @@ def test_mean_pool_kv_errors():
 def model_with_shared_groups(g):
     """An MHA model whose K/V heads are already equal within each group of H/g."""
     torch.manual_seed(0)
-    model = ToyTransformer(ToyConfig())
+    model = Decoder(COPY_TASK_CONFIG)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.3)
-        for layer in model.layers:
+        for layer in model.blocks:
             for proj in (layer.attn.k_proj, layer.attn.v_proj):
                 heads = proj.weight.view(g, 4 // g, 16, 64)
                 heads.copy_(heads[:, :1].expand_as(heads).clone())
@@ -55,7 +56,7 @@ def test_conversion_is_exact_when_groups_already_agree(g, method):
     tokens, _ = variable_offset_task().sample(4, make_generator(0))
     converted = convert_kv(model, g, method)
     assert converted.config.num_kv_heads == g
-    assert converted.layers[0].attn.k_proj.weight.shape == (g * 16, 64)
+    assert converted.blocks[0].attn.k_proj.weight.shape == (g * 16, 64)
     torch.testing.assert_close(converted(tokens), model(tokens), atol=1e-5, rtol=1e-5)
 
 
@@ -68,8 +69,8 @@ def test_conversion_copies_the_rest_and_leaves_the_original():
         if "k_proj" not in key and "v_proj" not in key:
             assert torch.equal(new.state_dict()[key], value)
     again = convert_kv(model, 2, "random", seed=1)
-    assert torch.equal(new.layers[1].attn.v_proj.weight, again.layers[1].attn.v_proj.weight)
-    assert 0.015 < float(new.layers[1].attn.v_proj.weight.detach().std()) < 0.025
+    assert torch.equal(new.blocks[1].attn.v_proj.weight, again.blocks[1].attn.v_proj.weight)
+    assert 0.015 < float(new.blocks[1].attn.v_proj.weight.detach().std()) < 0.025
 
 
 def test_trained_knowledge_survives_mean_better_than_random():

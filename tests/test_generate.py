@@ -48,7 +48,7 @@ def test_the_cache_computes_each_key_and_value_once_and_holds_what_the_formula_s
     assert cached.kv_rows == n + new - 1  # the prompt once, then one row a step
     assert recomputed.kv_rows == sum(n + step for step in range(new))  # the whole sequence every step
     c = lm.config
-    assert cached.cache_bytes == kv_cache_bytes(c.num_layers, c.kv_heads, c.head_dim, n + new - 1,
+    assert cached.cache_bytes == kv_cache_bytes(c.num_layers, c.num_kv_heads, c.head_dim, n + new - 1,
                                                 bytes_per_element=4)
     gqa = generate(convert_kv(lm, 2), prompt, new)
     assert 2 * gqa.cache_bytes == cached.cache_bytes  # half the K/V heads, half the bytes
@@ -56,10 +56,11 @@ def test_the_cache_computes_each_key_and_value_once_and_holds_what_the_formula_s
 
 
 def test_generation_runs_without_dropout_and_gives_the_mode_back(lm):
-    from mhalib.language import LanguageConfig, LanguageModel
+    from mhalib.decoder import Decoder
+    from mhalib.language import language_config
 
     torch.manual_seed(0)
-    model = LanguageModel(LanguageConfig(dropout=0.5)).train()
+    model = Decoder(language_config(dropout=0.5)).train()
     prompt = torch.tensor([encode("<bos> the dogs".split())])
     first, second = generate(model, prompt, 10), generate(model, prompt, 10)
     assert model.training and torch.equal(first.logits, second.logits)  # dropout would make them differ

@@ -9,6 +9,7 @@ from mhalib.interpret import (
     induction_score, offset_score, previous_token_score,
 )
 from mhalib.tasks import make_generator, variable_offset_task
+from mhalib.training import evaluate
 from mhalib.transformer import load_pretrained
 
 
@@ -104,7 +105,7 @@ def test_ablation_hook_equals_zeroed_output_columns():
     layer, head, d = 1, 2, model.config.head_dim
     hooked = model(tokens, z_hook=ablation_hook(layer, head))
     with torch.no_grad():
-        model.layers[layer].attn.o_proj.weight[:, head * d:(head + 1) * d] = 0
+        model.blocks[layer].attn.o_proj.weight[:, head * d:(head + 1) * d] = 0
     torch.testing.assert_close(hooked, model(tokens), atol=1e-5, rtol=1e-5)
 
 
@@ -115,9 +116,42 @@ def test_shipped_model_has_the_circuit():
     assert scores["previous"].shape == (2, 4)
     assert scores["previous"][0].max() >= 0.5
     assert scores["induction"][1].max() >= 0.8
-    rows = ablation_table(model, batch_size=256)
+    rows = ablation_table(model, lambda ablate: evaluate(model, ablate=ablate, batch_size=256))
     base = rows[0]
-    assert base["accuracy"] >= 0.9
+    assert base["ablate"] == [] and base["accuracy"] >= 0.9
+    assert [r["ablate"] for r in rows[1:]] == [[(layer, head)] for layer in range(2) for head in range(4)]
     prev_head = int(scores["previous"][0].argmax())
-    ablated = next(r for r in rows if r["layer"] == 0 and r["head"] == prev_head)
+    ablated = next(r for r in rows if r["ablate"] == [(0, prev_head)])
     assert ablated["loss"] > base["loss"] + 1.0
+
+
+def test_head_scores_takes_any_score_in_the_order_asked_and_relations_by_name():
+    from mhalib.interpret import attention_weights, bos_score, relation_score
+
+    model, _ = load_pretrained()
+    tokens, _ = variable_offset_task().sample(16, make_generator(3))
+    w = attention_weights(model, tokens)  # (B, L, H, N, N)
+    pairs = np.array([[0, 5, 2], [3, 9, 0], [15, 31, 30]])
+    scores = head_scores(model, tokens.numpy(), ("bos", "mine", "previous"), relations={"mine": pairs})
+    assert list(scores) == ["bos", "mine", "previous"]
+    np.testing.assert_allclose(scores["bos"], w[:, :, :, 1:, 0].mean(axis=(0, 3)))
+    by_loop = np.mean([w[b, :, :, t - 1, k] for b, t, k in pairs], axis=0)  # (L, H)
+    np.testing.assert_allclose(scores["mine"], by_loop)
+    np.testing.assert_allclose(relation_score(w, pairs), by_loop)
+    np.testing.assert_allclose(bos_score(w), scores["bos"])
+    np.testing.assert_allclose(scores["previous"], head_scores(model, tokens)["previous"])
+    with pytest.raises(ValueError, match=r"unknown scores \['agreement'\]; allowed"):
+        head_scores(model, tokens, ("agreement",))
+    with pytest.raises(ValueError, match="pairs must be"):
+        relation_score(w, [[0, 3, 3]])
+    with pytest.raises(ValueError, match=r"\(B, L, H, N, N\)"):
+        bos_score(w[0])
+
+
+def test_ablation_table_runs_the_measure_intact_then_per_ablation():
+    model, _ = load_pretrained()
+    asked = []
+    rows = ablation_table(model, lambda ablate: asked.append(ablate) or {"n": len(asked)},
+                          heads=[[(0, 1)], [(1, 0), (1, 3)]])
+    assert asked == [None, [(0, 1)], [(1, 0), (1, 3)]]
+    assert rows == [{"ablate": [], "n": 1}, {"ablate": [(0, 1)], "n": 2}, {"ablate": [(1, 0), (1, 3)], "n": 3}]

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mhalib.language import (VOCAB, Bigram, LanguageConfig, decode, encode, head_scores, lm_loss,
+from mhalib.language import (VOCAB, Bigram, decode, encode, grammar_head_scores, language_config, lm_loss,
                              load_language_model, make_probe_set, new_language_model, probe_accuracy,
                              probe_margins, sample_sequences, train_language)
 from mhalib.language import grammar as G
@@ -416,7 +416,7 @@ def test_shipped_model_loss_is_close_to_the_recorded_one(shipped):
 
 
 def test_the_top_scoring_heads_are_in_layer_1(shipped):
-    scores = head_scores(shipped, 96, TEST_SEED)
+    scores = grammar_head_scores(shipped, 96, TEST_SEED)
     # notebook 05 reads the relation heads off seed 1's text; on this seed too they are in
     # layer 1, and no layer-0 head scores on a relation
     for relation, minimum in (("agreement", 0.8), ("coreference", 0.5)):
@@ -529,7 +529,7 @@ def test_the_shipped_sweeps_have_the_seeds_the_notebook_counts_over():
     import json
 
     from mhalib.language.__main__ import RECIPE
-    from mhalib.language.model import DATA_DIR
+    from mhalib.checkpoints import DATA_DIR
 
     sweep = json.loads((DATA_DIR / "language_heads.json").read_text())["runs"]
     by_h = {}
@@ -584,7 +584,7 @@ def test_bad_inputs_raise_clear_errors(shipped, tokens):
     with pytest.raises(ValueError, match="not in the vocabulary"):
         encode("the unicorn sleeps")
     with pytest.raises(ValueError, match="choose one of 1, 2, 4, 8, 16"):
-        LanguageConfig(d_model=64, num_heads=7)
+        language_config(d_model=64, num_heads=7)
     with pytest.raises(ValueError, match="ProbeSet"):
         probe_accuracy(shipped, [1, 2, 3])
     with pytest.raises(ValueError, match="seed must be a non-negative int"):
@@ -594,7 +594,8 @@ def test_bad_inputs_raise_clear_errors(shipped, tokens):
 def test_exercise_05_references_are_the_librarys_numbers_on_the_shipped_model(shipped):
     """The grader's NumPy references for exercise 05 agree with mhalib.language on real data."""
     from mhalib.grade.exercises import ex05_heads_in_language as ex
-    from mhalib.language import attention_weights, relation_score, sample_sequences, token_losses
+    from mhalib.interpret import attention_weights, relation_score
+    from mhalib.language import sample_sequences, token_losses
 
     batch = sample_sequences(16, seed=11)
     weights = attention_weights(shipped, batch.tokens)  # (B, L, H, N, N)
@@ -603,7 +604,7 @@ def test_exercise_05_references_are_the_librarys_numbers_on_the_shipped_model(sh
     for layer in range(shipped.num_layers):
         np.testing.assert_allclose(ex.reference_relation_score(weights[:, layer], pairs), library[layer])
     probes = make_probe_set("coreference", 64, seed=11)
-    from mhalib.training import num_threads
+    from mhalib.runtime import num_threads
 
     with torch.no_grad(), num_threads(1):  # as the library runs the model
         logits = shipped(torch.as_tensor(probes.tokens)).numpy()

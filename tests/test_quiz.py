@@ -415,8 +415,8 @@ def _layer_keys(model, tokens):
     keys = []
     with torch.no_grad():
         x = model.embed(tokens)
-        pos = model.pos[: tokens.shape[1]]
-        for layer in model.layers:
+        pos = model.pos.weight[: tokens.shape[1]]
+        for layer in model.blocks:
             a = layer.attn
             b, n, d = x.shape
             keys.append(a.k_proj(x + pos).view(b, n, a.num_kv_heads, a.head_dim).transpose(1, 2))
@@ -494,7 +494,7 @@ def _swap_heads(model, layer, a, b):
     import torch
 
     out = copy.deepcopy(model)
-    attn = out.layers[layer].attn
+    attn = out.blocks[layer].attn
     d = attn.head_dim
     order = list(range(attn.num_heads))
     order[a], order[b] = order[b], order[a]
@@ -542,11 +542,11 @@ def test_first_order_answer_first_depends_on_head_order_mean_does_not(shipped):
     assert lucky < as_trained - 0.5
     # 'first' draws nothing, and mean pooling ignores the order within a group
     for name in ("k_proj", "v_proj"):
-        a = getattr(convert_kv(model, 2, "first", seed=0).layers[0].attn, name).weight
-        b = getattr(convert_kv(model, 2, "first", seed=1).layers[0].attn, name).weight
+        a = getattr(convert_kv(model, 2, "first", seed=0).blocks[0].attn, name).weight
+        b = getattr(convert_kv(model, 2, "first", seed=1).blocks[0].attn, name).weight
         assert torch.equal(a, b)
-        m0 = getattr(convert_kv(model, 2, "mean").layers[0].attn, name).weight
-        m1 = getattr(convert_kv(swapped, 2, "mean").layers[0].attn, name).weight
+        m0 = getattr(convert_kv(model, 2, "mean").blocks[0].attn, name).weight
+        m1 = getattr(convert_kv(swapped, 2, "mean").blocks[0].attn, name).weight
         torch.testing.assert_close(m0, m1)
 
 
@@ -568,7 +568,7 @@ def test_why_uptrain_answer_pooling_the_previous_token_pair_costs_most_and_every
         m = copy.deepcopy(model)
         with torch.no_grad():
             for name in ("k_proj", "v_proj"):
-                w = getattr(m.layers[layer].attn, name).weight.view(h, d_head, d_model)
+                w = getattr(m.blocks[layer].attn, name).weight.view(h, d_head, d_model)
                 w[a] = w[b] = (w[a] + w[b]) / 2
         return evaluate(m, task)["loss"]
 
@@ -594,13 +594,13 @@ def test_why_uptrain_wrong_choice_k_cosine_is_blind_to_a_change_of_basis(shipped
     rotated = copy.deepcopy(model)
     with torch.no_grad():
         for name in ("q_proj", "k_proj"):
-            w = getattr(rotated.layers[0].attn, name).weight.view(h, d_head, d_model)
+            w = getattr(rotated.blocks[0].attn, name).weight.view(h, d_head, d_model)
             w[1] = a.T @ w[1]  # W_q -> W_q A, W_k -> W_k A, A orthogonal
         _, before = model(probe, return_weights=True)
         _, after = rotated(probe, return_weights=True)
     torch.testing.assert_close(after, before, atol=1e-5, rtol=0)  # the same attention
-    k0 = model.layers[0].attn.k_proj.weight.view(h, d_head, d_model)[1].flatten()
-    k1 = rotated.layers[0].attn.k_proj.weight.view(h, d_head, d_model)[1].flatten()
+    k0 = model.blocks[0].attn.k_proj.weight.view(h, d_head, d_model)[1].flatten()
+    k1 = rotated.blocks[0].attn.k_proj.weight.view(h, d_head, d_model)[1].flatten()
     assert abs(float(k0 @ k1 / (k0.norm() * k1.norm()))) < 0.5  # far from the 1 of the same head
 
 

@@ -57,7 +57,7 @@ def test_the_checks_catch_what_they_look_for():
 
 
 def test_a_training_bar_ends_in_its_final_state():
-    from mhalib.training import progress_bar
+    from mhalib.runtime import progress_bar
 
     with progress_bar(10, "steps", enabled=True) as bar:
         bar.update(4)  # a callback stopped training early, on purpose

@@ -5,30 +5,29 @@ Modules, one concept each:
 * :mod:`mhalib.language.grammar`: a seeded grammar of English-like sentences with
   number agreement across attractors, gendered antecedents and pronouns, ``<bos>`` and
   several sentences per sequence; :func:`sample_sequences`, :func:`encode`, :func:`decode`.
-* :mod:`mhalib.language.model`: :class:`LanguageModel`, a pre-LayerNorm decoder-only
-  transformer built on mhalib's attention, with ``ablate=[(layer, head), ...]``;
-  :func:`load_language_model` (the shipped weights).
+* :mod:`mhalib.language.model`: :func:`language_config`, the course's
+  :class:`~mhalib.decoder.Decoder` as a small pre-LayerNorm GPT-2, and
+  :func:`load_language_model` (the shipped weights of five seeds).
 * :mod:`mhalib.language.training`: :func:`train_language`, :func:`lm_loss`,
   :func:`loss_by_role`.
 * :mod:`mhalib.language.probes`: :func:`make_probe_set` ("agreement", "coreference"),
   :func:`probe_accuracy`, the :class:`Bigram` baseline and :func:`shallow_baselines`
   (first noun, nearest noun, majority class).
-* :mod:`mhalib.language.heads`: :func:`head_scores` (previous-token, ``<bos>``,
-  verb -> subject, pronoun -> antecedent, induction), :func:`ablation_table`, and the
-  interventions that test what a score suggests: :func:`number_patching` (does a head
-  carry the subject's number?), :func:`path_patching` (does an earlier head act by
-  changing where a later head looks?), :func:`mean_ablation`.
+* :mod:`mhalib.language.heads`: :func:`grammar_head_scores` (previous-token, ``<bos>``,
+  verb -> subject, pronoun -> antecedent, induction), :func:`ablation_measure` (for
+  :func:`mhalib.interpret.ablation_table`), and the interventions that test what a score
+  suggests: :func:`number_patching` (does a head carry the subject's number?),
+  :func:`path_patching` (does an earlier head act by changing where a later head looks?),
+  :func:`mean_ablation`.
 
 ``python -m mhalib.language train`` trains the shipped model again from its seed;
 ``python -m mhalib.language --help`` lists the other runs (the H sweep, seeds, dropout).
 """
 
 from mhalib.language.grammar import VOCAB, decode, encode, sample_sequences
-from mhalib.language.heads import (SCORE_NAMES, ablation_table, attention_weights, bos_score, flip_subject_number,
-                                   head_scores, mean_ablation, number_patching, path_patching, record_heads,
-                                   relation_score)
-from mhalib.language.model import (SHIPPED_SEEDS, LanguageConfig, LanguageModel, load_language_model,
-                                   save_language_model)
+from mhalib.language.heads import (SCORE_NAMES, ablation_measure, flip_subject_number, grammar_head_scores,
+                                   mean_ablation, number_patching, path_patching)
+from mhalib.language.model import SHIPPED_SEEDS, language_config, load_language_model
 from mhalib.language.probes import (CONTROL, HELD_OUT, PROBE_KINDS, Bigram, ProbeSet, make_probe_set, probe_accuracy,
                                     probe_margins, shallow_baselines)
 from mhalib.language.training import lm_loss, loss_by_role, new_language_model, token_losses, train_language
@@ -38,11 +37,9 @@ __all__ = [
     "encode",
     "decode",
     "sample_sequences",
-    "LanguageConfig",
-    "LanguageModel",
+    "language_config",
     "SHIPPED_SEEDS",
     "load_language_model",
-    "save_language_model",
     "new_language_model",
     "train_language",
     "token_losses",
@@ -58,13 +55,9 @@ __all__ = [
     "shallow_baselines",
     "Bigram",
     "SCORE_NAMES",
-    "attention_weights",
-    "relation_score",
-    "bos_score",
-    "head_scores",
-    "ablation_table",
+    "grammar_head_scores",
+    "ablation_measure",
     "flip_subject_number",
-    "record_heads",
     "number_patching",
     "path_patching",
     "mean_ablation",

@@ -37,8 +37,10 @@ import torch
 
 from pathlib import Path
 
-from mhalib.language.heads import head_scores
-from mhalib.language.model import DATA_DIR, SHIPPED_SEEDS, load_language_model, save_language_model, shipped_path
+from mhalib.checkpoints import DATA_DIR, save_model
+from mhalib.interpret import ablation_table
+from mhalib.language.heads import grammar_head_scores
+from mhalib.language.model import SHIPPED_SEEDS, load_language_model, shipped_path
 from mhalib.language.probes import CONTROL, HELD_OUT, PROBE_KINDS, make_probe_set, probe_margins
 from mhalib.language.training import loss_by_role, new_language_model, train_language
 
@@ -89,7 +91,7 @@ def claim_summary(rows):
     """For each probe, the head whose ablation costs it most, and whether the claim holds.
 
     Args:
-        rows: :func:`~mhalib.language.heads.ablation_table` rows (first row: intact).
+        rows: :func:`~mhalib.interpret.ablation_table` rows (first row: intact).
 
     Returns:
         dict probe -> {"head", "drop", "loss_change", "loss_change_percent", "holds",
@@ -161,14 +163,14 @@ def measure(model, seed=EVAL["seed"]):
     Returns a JSON-ready dict; floats are rounded to 6 digits.
     """
     sets = probe_sets(seed)
-    heads = [[]] + [[(layer, head)] for layer in range(model.num_layers) for head in range(model.num_heads)]
-    rows = []
-    for ablate in heads:
-        loss = loss_by_role(model, EVAL["n_sequences"], seed, ablate or None)
-        rows.append({"ablate": [list(p) for p in ablate], "loss": loss["all"],
-                     **{f"loss_{k}": v for k, v in loss.items() if k != "all" and not k.startswith("share")},
-                     **accuracies(model, sets, ablate or None)})
-    scores = head_scores(model, EVAL["n_sequences"], seed)
+
+    def row(ablate):
+        loss = loss_by_role(model, EVAL["n_sequences"], seed, ablate)
+        return {"loss": loss["all"], **{f"loss_{k}": v for k, v in loss.items() if k != "all" and not k.startswith("share")},
+                **accuracies(model, sets, ablate)}
+
+    rows = ablation_table(model, row)
+    scores = grammar_head_scores(model, EVAL["n_sequences"], seed)
     base = rows[0]
     result = {
         "eval_seed": seed,
@@ -215,7 +217,7 @@ def _job(job):
     if history is not None:
         extra = dict(eval=EVAL, claim_rule=CLAIM, tolerance=TOLERANCE) if shipped else {}
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        save_language_model(model, path, recipe=recipe, measured=measured, history=_history(history["loss"]),
+        save_model(model, path, recipe=recipe, measured=measured, history=_history(history["loss"]),
                             trained_by=f"python -m mhalib.language {'train' if shipped else 'heads/variants'}",
                             **extra)
     return name, recipe, measured, seconds
@@ -260,7 +262,7 @@ def cmd_measure(args):
         model = load_language_model(shipped_path(seed))
         meta = {k: v for k, v in model.metadata.items() if k not in ("config", "format")}
         meta["measured"] = measure(model)
-        save_language_model(model, shipped_path(seed), **meta)
+        save_model(model, shipped_path(seed), **meta)
         print(f"seed {seed}: probes {meta['measured']['probes']}")
 
 

@@ -30,7 +30,7 @@ import torch
 from mhalib.language.grammar import (NAMES, PEOPLE, SEQ_LEN, THINGS, VOCAB, WORD_TO_ID, Grammar, _plural,
                                      decode, encode, make_rng, sample_sequences)
 from mhalib.language.training import TRAIN_STREAM
-from mhalib.training import num_threads
+from mhalib.runtime import num_threads
 
 __all__ = ["PROBE_KINDS", "HELD_OUT", "CONTROL", "ProbeSet", "make_probe_set", "shallow_baselines", "probe_tokens", "probe_margins", "margins_from_logits", "probe_accuracy",
            "Bigram"]
@@ -213,10 +213,10 @@ def probe_margins(model, probes, ablate=None, *, threads=1, replace_z=None, repl
     """``log p(right) - log p(wrong)`` for every item: positive means the model is right.
 
     Args:
-        model: a :class:`~mhalib.language.model.LanguageModel`.
+        model: a :class:`~mhalib.decoder.Decoder`.
         probes: a :class:`ProbeSet`.
         ablate: list of ``(layer, head)`` pairs whose outputs are zeroed.
-        replace_z, replace_weights: patches, as in :meth:`LanguageModel.forward`, over
+        replace_z, replace_weights: patches, as in :meth:`~mhalib.decoder.Decoder.forward`, over
             the tokens of :func:`probe_tokens`.
 
     Returns:
@@ -251,7 +251,7 @@ def probe_accuracy(model, probes, ablate=None):
     """Fraction of items where the model gives the right form the higher probability.
 
     Args:
-        model: a :class:`~mhalib.language.model.LanguageModel`.
+        model: a :class:`~mhalib.decoder.Decoder`.
         probes: a :class:`ProbeSet` from :func:`make_probe_set`.
         ablate: list of ``(layer, head)`` pairs whose outputs are zeroed, e.g. ``[(1, 2)]``.
 

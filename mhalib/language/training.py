@@ -13,15 +13,14 @@ a fixed thread count keeps floating-point sums in the same order.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from mhalib.decoder import Decoder
+from mhalib.fit import fit, warmup_cosine
 from mhalib.language.grammar import Grammar, encode, make_rng, sample_sequences
-from mhalib.language.model import LanguageConfig, LanguageModel
-from mhalib.training import num_threads, progress_bar
+from mhalib.language.model import language_config
+from mhalib.runtime import num_threads
 
 __all__ = [
     "TRAIN_STREAM",
@@ -38,12 +37,12 @@ EVAL_STREAM = 1  # make_rng(seed, 1): lm_loss, head scores
 
 
 def new_language_model(seed=0, **config):
-    """A freshly initialised :class:`LanguageModel`, weights drawn after ``torch.manual_seed(seed)``.
+    """A freshly initialised language :class:`~mhalib.decoder.Decoder`, drawn after ``torch.manual_seed(seed)``.
 
-    ``config`` overrides :class:`LanguageConfig` fields (e.g. ``num_heads=8``).
+    ``config`` overrides fields of :func:`~mhalib.language.model.language_config` (e.g. ``num_heads=8``).
     """
     torch.manual_seed(seed)
-    return LanguageModel(LanguageConfig(**config))
+    return Decoder(language_config(**config))
 
 
 def _batch(rng, grammar, batch_size, seq_len):
@@ -51,20 +50,12 @@ def _batch(rng, grammar, batch_size, seq_len):
     return torch.tensor(rows, dtype=torch.long)  # (B, N)
 
 
-def learning_rate(step, steps, lr, warmup):
-    """Learning rate at ``step`` (0-based): linear warm-up, then cosine from ``lr`` to ``lr / 10``."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
-
-
 def train_language(model, steps, *, batch_size=32, lr=3e-3, warmup=100, seed=0, threads=1,
                    progress=True, desc="training", callback=None, stop_after=None):
     """Train ``model`` with Adam on fresh batches of the grammar; returns the history.
 
     Args:
-        model: a :class:`LanguageModel` (trained in place, left in eval mode).
+        model: a language :class:`~mhalib.decoder.Decoder` (trained in place, left in eval mode).
         steps: optimiser steps, one fresh batch of ``batch_size`` sequences each.
         batch_size, lr, warmup: batch size, peak learning rate, warm-up steps.
         seed: seeds the training text (``make_rng(seed, TRAIN_STREAM)``) and dropout.
@@ -77,37 +68,14 @@ def train_language(model, steps, *, batch_size=32, lr=3e-3, warmup=100, seed=0, 
     Returns:
         dict with ``"loss"``: the training loss of every step (floats).
     """
-    if not isinstance(model, LanguageModel):
-        raise ValueError(f"train_language trains a LanguageModel; got {type(model).__name__}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be a non-negative int; got {steps!r}")
+    if not isinstance(model, Decoder):
+        raise ValueError(f"train_language trains a Decoder (new_language_model); got {type(model).__name__}")
     rng = make_rng(seed, TRAIN_STREAM)
-    torch.manual_seed(seed)  # dropout's masks
     grammar = Grammar()
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    history = {"loss": []}
-    run = steps if stop_after is None else min(steps, stop_after)
-    model.train()
-    with num_threads(threads), progress_bar(run, desc, enabled=progress) as bar:
-        for step in range(run):
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, steps, lr, warmup)
-            tokens = _batch(rng, grammar, batch_size, model.config.seq_len)  # (B, N)
-            logits = model(tokens)  # (B, N, V)
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            history["loss"].append(loss.item())
-            if callback is not None:
-                callback(step + 1, model)
-                model.train()
-            if step % 50 == 0 or step == run - 1:
-                bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
-            bar.update(1)
-    model.eval()
-    return history
+    return fit(model, lambda step: (_batch(rng, grammar, batch_size, model.config.seq_len), None), steps, lr=lr,
+               schedule=lambda step, total, peak: warmup_cosine(step, total, peak, warmup), clip_norm=1.0,
+               dropout_seed=seed, threads=threads, progress=progress, desc=desc, callback=callback,
+               stop_after=stop_after)
 
 
 @torch.no_grad()
@@ -115,9 +83,9 @@ def token_losses(model, tokens, ablate=None, *, threads=1):
     """Cross-entropy of every next-token prediction.
 
     Args:
-        model: a :class:`LanguageModel`.
+        model: a language :class:`~mhalib.decoder.Decoder`.
         tokens: ``(B, N)`` token ids (NumPy or torch).
-        ablate: list of ``(layer, head)`` pairs to zero (see :class:`LanguageModel`).
+        ablate: list of ``(layer, head)`` pairs to zero (see :meth:`~mhalib.decoder.Decoder.forward`).
 
     Returns:
         NumPy ``(B, N)`` float64: entry ``[b, i]`` is the loss of predicting ``tokens[b, i]``
@@ -147,7 +115,7 @@ def lm_loss(model, n, seed, ablate=None):
     """Average next-token loss (nats per token) on ``n`` fresh sequences of the grammar.
 
     Args:
-        model: a :class:`LanguageModel`.
+        model: a language :class:`~mhalib.decoder.Decoder`.
         n: number of sequences (``seq_len`` tokens each; every token after ``<bos>`` counts).
         seed: seeds the text (``sample_sequences(n, seed, stream=EVAL_STREAM)``).
         ablate: list of ``(layer, head)`` pairs whose outputs are zeroed.

@@ -275,7 +275,8 @@ def _random_causal_weights(tokens, d_model, num_heads):
 
 
 def _render_trained(layer, sentence):
-    from mhalib.language import attention_weights, encode
+    from mhalib.interpret import attention_weights
+    from mhalib.language import encode
 
     model = _language_model()
     layer = _whole(layer, "layer")

@@ -13,7 +13,7 @@ from mhalib.grade.exercises import _numpy_variants as wrong
 from mhalib.grade.spec import check_array, check_pair, match_variant
 
 
-def attention_weights(rng, d_model, kv_dim, dtype):
+def projection_weights(rng, d_model, kv_dim, dtype):
     """Random projection weights ``[w_q, w_k, w_v, w_o]`` for an attention case.
 
     Shapes ``(d_model, d_model)``, ``(d_model, kv_dim)`` twice, ``(d_model, d_model)``: standard

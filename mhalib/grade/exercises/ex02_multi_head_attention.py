@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from mhalib.grade.exercises import _numpy_variants as wrong
-from mhalib.grade.exercises._attention import attention_weights, explain_attention_error, judge_attention
+from mhalib.grade.exercises._attention import projection_weights, explain_attention_error, judge_attention
 from mhalib.grade.spec import (
     FROM_SCRATCH_FORBIDDEN, Case, Exercise, Graded,
     check_array, match_variant,
@@ -124,7 +124,7 @@ def mha_cases(rng):
         d_model, h = _dims(rng)
         n = int(rng.integers(3, 7))
         x = _x(rng, (*lead, n, d_model), dtype)
-        ws = attention_weights(rng, d_model, d_model, dtype)
+        ws = projection_weights(rng, d_model, d_model, dtype)
         mask = causal_mask(n, dtype=dtype) if causal else None
         exp = multi_head_attention(x.astype(np.float64), *(w.astype(np.float64) for w in ws), h,
                                    mask=None if mask is None else mask.astype(np.float64))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mhalib.grade.exercises._attention import attention_weights, explain_attention_error, judge_attention
+from mhalib.grade.exercises._attention import projection_weights, explain_attention_error, judge_attention
 from mhalib.grade.spec import ATTENTION_FORBIDDEN, Case, Exercise, Graded
 
 KEY = "07_mqa_gqa"
@@ -19,7 +19,7 @@ def _case(rng, h, g, lead, dtype, causal):
     d_model = h * dh
     n = int(rng.integers(3, 7))
     x = rng.standard_normal((*lead, n, d_model)).astype(dtype)
-    ws = attention_weights(rng, d_model, g * dh, dtype)
+    ws = projection_weights(rng, d_model, g * dh, dtype)
     mask = causal_mask(n, dtype=dtype) if causal else None
     exp = grouped_query_attention(x.astype(np.float64), *(w.astype(np.float64) for w in ws), h, g,
                                   mask=None if mask is None else mask.astype(np.float64))
@@ -48,7 +48,7 @@ def gqa_cases(rng):
     h, g = 6, 4
     dh = int(rng.integers(2, 5))
     x = rng.standard_normal((int(rng.integers(3, 7)), h * dh))
-    ws = attention_weights(rng, h * dh, g * dh, np.float64)
+    ws = projection_weights(rng, h * dh, g * dh, np.float64)
     cases.append(Case(args=(x, *ws, h, g), label=f"x {x.shape}, H={h}, g={g}", raises="ValueError",
                       raises_names=(h, g, ["divi", "multiple"]),
                       raises_why=f"num_kv_heads={g} does not divide num_heads={h}; raise ValueError "

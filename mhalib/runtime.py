@@ -1,0 +1,56 @@
+"""Plumbing shared by every training and measuring loop: CPU threads and progress bars."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from tqdm.auto import tqdm
+
+__all__ = ["num_threads", "progress_bar"]
+
+
+@contextlib.contextmanager
+def progress_bar(total, desc, enabled=True):
+    """A tqdm progress bar: a widget in Jupyter, text in a terminal.
+
+    In Jupyter the bar is shown with a display id and shown again in its final state
+    when the block ends, so a saved notebook's text form reads ``100%|...| 1500/1500``
+    rather than the ``0%`` the bar started with.
+    """
+    notebook = enabled and any(cls.__module__ == "tqdm.notebook" for cls in tqdm.__mro__)
+    bar = tqdm(total=total, desc=desc, disable=not enabled, mininterval=0.5,
+               **({"display": False} if notebook else {}))
+    handle = None
+    if notebook:
+        from IPython.display import display
+
+        handle = display(bar.container, display_id=True)
+    failed = False
+    try:
+        yield bar
+    except BaseException:
+        failed = True  # the bar turns red
+        raise
+    finally:
+        if bar.n < total and not failed:
+            bar.total = bar.n  # stopped early on purpose (a callback said so): not a failure
+        bar.close()
+        if handle is not None:
+            handle.update(bar.container)
+
+
+@contextlib.contextmanager
+def num_threads(n):
+    """Run the block with ``torch.set_num_threads(n)`` (``None``: leave it), then restore."""
+    if n is None:
+        yield
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"num_threads must be a positive int or None; got {n!r}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
