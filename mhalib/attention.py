@@ -103,11 +103,6 @@ def repeat_kv(x, n_rep):
 #: The kernels :meth:`GroupedQueryAttention.attend` can use (see its docstring).
 ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa")
 
-#: Keys per block in :func:`grouped_attention`'s score product when K/V heads are shared
-#: (1,024 keys of d_head 128 in fp32 are 512 KiB: they fit a core's L2 cache).
-KEY_BLOCK = 1024
-
-
 def grouped_attention(q, k, v, *, causal=False, attn_mask=None, need_weights=False):
     """Attention of H query heads against g shared key/value heads, without repeating K/V.
 
@@ -146,15 +141,7 @@ def grouped_attention(q, k, v, *, causal=False, attn_mask=None, need_weights=Fal
     rep = h // g
     # The H/g query heads of a group become H/g * N_q rows against one K/V head.
     qg = (q * (1.0 / math.sqrt(d))).reshape(b, g, rep * n_q, d)  # (B, g, H/g * N_q, d)
-    if rep == 1:
-        scores = qg @ k.transpose(-1, -2)  # (B, g, N_q, N_k)
-    else:
-        # Several query rows per K/V head: one product per block of KEY_BLOCK keys, so the
-        # block of K being read stays in the core's cache while every row meets it. On CPU
-        # this reads a long cache markedly faster than one product over all the keys
-        # (benchmarks/bench_decode.py); the scores are the same numbers.
-        scores = torch.cat([qg @ kb.transpose(-1, -2) for kb in k.split(KEY_BLOCK, dim=2)],
-                           dim=-1)  # (B, g, H/g * N_q, N_k)
+    scores = qg @ k.transpose(-1, -2)  # (B, g, H/g * N_q, N_k): one product per K/V head
     if causal:
         allowed = causal_allowed(n_q, n_k, device=q.device)  # (N_q, N_k)
         scores.view(b, g, rep, n_q, n_k).masked_fill_(~allowed, float("-inf"))

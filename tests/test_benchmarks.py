@@ -35,10 +35,17 @@ def test_every_variant_equals_sdpa(name, g):
     k = torch.randn(2, g, 256, 16, dtype=torch.float64)  # (B, g, n, d)
     v = torch.randn(2, g, 256, 16, dtype=torch.float64)
     fn = bench_decode.variants()[name]
-    blocked = fn in (bench_decode.batched_blocks, bench_decode.flash_decoding)
+    blocked = fn in (bench_decode.key_blocks, bench_decode.batched_blocks, bench_decode.flash_decoding)
     out = fn(q, k, v, block=64) if blocked else fn(q, k, v)  # 4 blocks of 64 keys
     ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+
+
+def test_key_blocks_take_a_cache_that_is_not_whole_blocks():
+    torch.manual_seed(2)
+    q, k, v = torch.randn(1, 8, 1, 16), torch.randn(1, 2, 1000, 16), torch.randn(1, 2, 1000, 16)
+    torch.testing.assert_close(bench_decode.key_blocks(q, k, v, block=256),
+                               F.scaled_dot_product_attention(q, k, v, enable_gqa=True), atol=1e-5, rtol=1e-5)
 
 
 def test_flash_decoding_survives_scores_that_overflow_one_softmax():
