@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
 
 from mhalib.interpret import head_scores  # noqa: E402
-from mhalib.tasks import make_generator, variable_offset_task  # noqa: E402
-from mhalib.training import evaluate, new_model, steps_to, train  # noqa: E402
+from mhalib.copytask.tasks import make_generator, variable_offset_task  # noqa: E402
+from mhalib.copytask.training import evaluate, new_model, steps_to, train  # noqa: E402
 
 NOTEBOOK_SEED = 0
 SEEDS = [NOTEBOOK_SEED, 1, 2, 3]

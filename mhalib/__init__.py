@@ -13,8 +13,8 @@ Modules, one concept each (dependencies flow downwards only):
   (``Decoder``, ``DecoderConfig``), with one head contract for ablation and patching;
   ``mhalib.checkpoints`` its one file format and loader; ``mhalib.fit`` its one training
   loop; ``mhalib.runtime`` threads and progress bars.
-* ``mhalib.tasks``, ``mhalib.transformer``, ``mhalib.training``: the copy-task family of
-  notebooks 04 and 08: the tasks, the attention-only configuration, training and evaluation.
+* ``mhalib.copytask``: the copy-task family of notebooks 04 and 08: the tasks, the
+  attention-only configuration and its shipped weights, training and evaluation.
 * ``mhalib.interpret``: head scores (previous-token, induction, duplicate, ``<bos>``,
   relations), ablation tables and recorded heads, for any model of the course.
 * ``mhalib.language``: the language family of notebooks 05 and 06: a seeded grammar, the
@@ -69,7 +69,7 @@ _LAZY = {
     "Decoder": "mhalib.decoder",
     "DecoderConfig": "mhalib.decoder",
     "load_model": "mhalib.checkpoints",
-    "load_pretrained": "mhalib.transformer",
+    "load_pretrained": "mhalib.copytask.model",
     "convert_kv": "mhalib.convert",
     "mean_pool_kv": "mhalib.convert",
 }

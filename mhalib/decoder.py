@@ -2,7 +2,7 @@
 
 One class, configured by :class:`DecoderConfig`, serves both model families:
 
-* the copy-task model of notebooks 04 and 08 (:func:`mhalib.transformer.copy_task_config`):
+* the copy-task model of notebooks 04 and 08 (:func:`mhalib.copytask.model.copy_task_config`):
   attention only (no MLP, no LayerNorm), so every head's contribution to the residual
   stream can be read off directly, and learned positions added to the **queries and keys
   only** (the position-infused attention of Press et al., 2021): a head can *find* by

@@ -2,7 +2,7 @@
 
 :func:`fit` trains any :class:`~mhalib.decoder.Decoder` with Adam on fresh batches that a
 family supplies (``next_batch(step) -> (tokens, mask)``): the copy task
-(:func:`mhalib.training.train`) and the grammar (:func:`mhalib.language.train_language`)
+(:func:`mhalib.copytask.training.train`) and the grammar (:func:`mhalib.language.train_language`)
 differ only in their batches, learning-rate schedule and gradient clipping.
 
 Reproducibility: the same batches, seed and thread count give the same weights on the

@@ -321,7 +321,7 @@ def ablation_table(model, measure, heads=None):
         model: a :class:`~mhalib.decoder.Decoder`.
         measure: ``fn(ablate) -> dict`` of numbers, where ``ablate`` is None (intact) or a
             list of ``(layer, head)`` pairs to zero; e.g.
-            ``lambda ablate: mhalib.training.evaluate(model, task, ablate=ablate)``.
+            ``lambda ablate: mhalib.copytask.training.evaluate(model, task, ablate=ablate)``.
         heads: which ablations to run, a list of lists of ``(layer, head)`` pairs
             (default: every single head).
 

@@ -235,7 +235,7 @@ def training_curves(histories, *, window=20, marks=None, title=None):
 
     Args:
         histories: dict label -> history (``{"loss": [...], "accuracy": [...]}``, one
-            value per step, as returned by ``mhalib.training.train``), or one history.
+            value per step, as returned by ``mhalib.copytask.training.train``), or one history.
         window: running-mean window in steps (the raw per-batch values are noisy).
         marks: optional dict label -> step, drawn as dashed vertical lines.
         title: figure title.

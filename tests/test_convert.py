@@ -5,10 +5,8 @@ import pytest
 import torch
 
 from mhalib.convert import convert_kv, first_head_kv, mean_pool_kv
-from mhalib.tasks import make_generator, variable_offset_task
-from mhalib.training import evaluate
+from mhalib.copytask import COPY_TASK_CONFIG, evaluate, load_pretrained, make_generator, variable_offset_task
 from mhalib.decoder import Decoder
-from mhalib.transformer import COPY_TASK_CONFIG, load_pretrained
 
 
 @pytest.mark.parametrize("h,g", [(4, 2), (4, 1), (4, 4), (8, 2), (6, 3)])

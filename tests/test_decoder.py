@@ -15,7 +15,7 @@ from torch import nn
 from mhalib.attention import GroupedQueryAttention
 from mhalib.checkpoints import load_model, save_model, shipped_models
 from mhalib.decoder import Decoder, DecoderConfig
-from mhalib.transformer import COPY_TASK_CONFIG, copy_task_config, load_pretrained
+from mhalib.copytask.model import COPY_TASK_CONFIG, copy_task_config, load_pretrained
 from oracles import blocked_future, parameter_count, torch_mha_holding
 
 
@@ -168,7 +168,7 @@ def test_a_seed_gives_the_weights_the_shipped_recipes_drew():
     """One class for both families must not change what a seed draws: retraining from a
     shipped seed must give the shipped run (the language runs' first steps are held in
     tests/test_language.py::test_the_shipped_run_starts_again_as_recorded)."""
-    from mhalib.training import new_model
+    from mhalib.copytask.training import new_model
 
     want = _reference_copy_task_init(4)
     got = new_model(4).state_dict()
@@ -214,7 +214,7 @@ def test_bad_config_and_paths_raise(tmp_path):
 
 def test_next_token_loss_matches_explicit_cross_entropy():
     from mhalib.fit import next_token_loss as copy_loss
-    from mhalib.tasks import make_generator, variable_offset_task
+    from mhalib.copytask.tasks import make_generator, variable_offset_task
 
     t, mask = variable_offset_task().sample(4, make_generator(0))
     logits = torch.randn(4, 32, 64, generator=torch.Generator().manual_seed(1))
@@ -300,7 +300,7 @@ def test_both_families_take_the_same_interventions():
 
 
 def test_train_history_callback_threads_and_errors():
-    from mhalib.training import new_model, steps_to, train
+    from mhalib.copytask.training import new_model, steps_to, train
 
     seen = []
     before = torch.get_num_threads()

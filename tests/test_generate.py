@@ -11,7 +11,7 @@ from mhalib.convert import convert_kv
 from mhalib.generate import generate, new_caches
 from mhalib.kv_cache import kv_cache_bytes
 from mhalib.language import encode, load_language_model
-from mhalib.transformer import load_pretrained
+from mhalib.copytask.model import load_pretrained
 
 
 @pytest.fixture(scope="module")

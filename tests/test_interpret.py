@@ -8,9 +8,7 @@ from mhalib.interpret import (
     ablate_head, ablation_hook, ablation_table, duplicate_token_score, head_scores,
     induction_score, offset_score, previous_token_score,
 )
-from mhalib.tasks import make_generator, variable_offset_task
-from mhalib.training import evaluate
-from mhalib.transformer import load_pretrained
+from mhalib.copytask import evaluate, load_pretrained, make_generator, variable_offset_task
 
 
 def random_weights(b, h, n, seed=0):

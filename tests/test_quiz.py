@@ -394,9 +394,7 @@ def test_score_memory_answer_and_the_miscounts_behind_the_wrong_ones():
 
 @pytest.fixture(scope="module")
 def shipped():
-    from mhalib.tasks import make_generator, variable_offset_task
-    from mhalib.training import evaluate
-    from mhalib.transformer import load_pretrained
+    from mhalib.copytask import evaluate, load_pretrained, make_generator, variable_offset_task
 
     model, meta = load_pretrained()
     task = variable_offset_task()
@@ -443,7 +441,7 @@ def test_two_layers_answer_layer_0_keys_cannot_see_the_previous_token(shipped):
 
 def _ablated(shipped, layer, heads):
     from mhalib.interpret import ablation_hook
-    from mhalib.training import evaluate
+    from mhalib.copytask.training import evaluate
 
     return evaluate(shipped["model"], shipped["task"], z_hook=ablation_hook(layer, heads))
 
@@ -508,7 +506,7 @@ def _swap_heads(model, layer, a, b):
 
 def test_methods_answer_mean_first_random_before_and_after_five_percent(shipped):
     from mhalib.convert import convert_kv
-    from mhalib.training import evaluate, train
+    from mhalib.copytask.training import evaluate, train
 
     q = QUESTIONS["08.methods"]
     assert q.choices[q.answer].text.startswith("mean < first < random")
@@ -529,7 +527,7 @@ def test_methods_answer_mean_first_random_before_and_after_five_percent(shipped)
 def test_first_order_answer_first_depends_on_head_order_mean_does_not(shipped):
     import torch
     from mhalib.convert import convert_kv
-    from mhalib.training import evaluate
+    from mhalib.copytask.training import evaluate
 
     q = QUESTIONS["08.first_order"]
     assert q.choices[q.answer].text.startswith("'first' keeps whichever head sits first")
@@ -555,7 +553,7 @@ def test_why_uptrain_answer_pooling_the_previous_token_pair_costs_most_and_every
 
     import torch
     from mhalib.convert import convert_kv
-    from mhalib.training import evaluate
+    from mhalib.copytask.training import evaluate
 
     q = QUESTIONS["08.why_uptrain"]
     assert q.choices[q.answer].text.startswith("With 4 heads each has its own job")

@@ -6,9 +6,7 @@ Slow (it trains the model: about 15 s on one free core); still part of `make tes
 import pytest
 
 from mhalib.interpret import head_scores
-from mhalib.tasks import make_generator, variable_offset_task
-from mhalib.training import evaluate, new_model, steps_to, train
-from mhalib.transformer import load_pretrained
+from mhalib.copytask import evaluate, load_pretrained, make_generator, new_model, steps_to, train, variable_offset_task
 
 
 def test_same_seed_same_numbers():

@@ -54,7 +54,7 @@ NUMPY_ATTENTION_FORBIDDEN = (
     "mhalib.np_attention.grouped_query_attention",
     "mhalib.attention.*",
     "mhalib.kv_cache.*",
-    "mhalib.transformer.*",
+    "mhalib.decoder.*",
 )
 TORCH_ATTENTION_FORBIDDEN = (
     "torch._C._nn.scaled_dot_product_attention",

@@ -13,7 +13,7 @@ with
 
 ``num_kv_heads`` turns the same model into GQA (``1 < g < H``) or MQA (``g = 1``).
 Its shipped weights load with :func:`load_pretrained`; it trains with
-:func:`mhalib.training.train`.
+:func:`mhalib.copytask.training.train`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mhalib.tasks import (
+from mhalib.copytask.tasks import (
     CopyTask, distinct_tokens, fixed_offset_task, make_generator, variable_offset_task,
 )
 

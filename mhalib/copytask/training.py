@@ -1,7 +1,7 @@
 """Training and evaluating the toy transformer on a copy task.
 
 Loss and accuracy are measured on the copy positions only (``mask`` from
-:meth:`mhalib.tasks.CopyTask.sample`): the other positions hold fresh random tokens
+:meth:`mhalib.copytask.tasks.CopyTask.sample`): the other positions hold fresh random tokens
 that no model can predict, and averaging them in would hide the phase change.
 
 Reproducibility: :func:`train` draws its data from a generator seeded with ``seed``
@@ -18,8 +18,8 @@ import torch
 from mhalib.decoder import Decoder
 from mhalib.fit import fit, next_token_loss
 from mhalib.runtime import num_threads
-from mhalib.tasks import CopyTask, make_generator, variable_offset_task
-from mhalib.transformer import copy_task_config
+from mhalib.copytask.model import copy_task_config
+from mhalib.copytask.tasks import CopyTask, make_generator, variable_offset_task
 
 __all__ = [
     "new_model",
@@ -32,7 +32,7 @@ __all__ = [
 def new_model(seed=0, **config):
     """A freshly initialised copy-task :class:`~mhalib.decoder.Decoder`, drawn after ``torch.manual_seed(seed)``.
 
-    ``config`` overrides fields of :func:`~mhalib.transformer.copy_task_config` (e.g. ``num_layers=1``).
+    ``config`` overrides fields of :func:`~mhalib.copytask.model.copy_task_config` (e.g. ``num_layers=1``).
     """
     torch.manual_seed(seed)
     return Decoder(copy_task_config(**config))
@@ -44,7 +44,7 @@ def train(model, task=None, steps=3000, *, batch_size=64, lr=3e-3, seed=0, threa
 
     Args:
         model: a copy-task :class:`~mhalib.decoder.Decoder` (trained in place, by :func:`mhalib.fit.fit`).
-        task: a :class:`~mhalib.tasks.CopyTask` (default: the variable-offset task).
+        task: a :class:`~mhalib.copytask.tasks.CopyTask` (default: the variable-offset task).
         steps: optimiser steps (one fresh batch each).
         batch_size, lr: Adam's batch size and learning rate (defaults 64, 3e-3).
         seed: seeds the data generator.
