@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
+from mhalib.data import DATA_DIR
 from mhalib.decoder import Decoder, DecoderConfig
 
 __all__ = ["DATA_DIR", "save_model", "load_model", "shipped_models"]
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
 
 
 def _paths(path):

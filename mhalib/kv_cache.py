@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mhalib.data import read_json
 from mhalib.np_attention import merge_heads, scaled_dot_product_attention, split_heads
 from mhalib.validation import check_divisible
 
@@ -60,48 +61,10 @@ def kv_cache_bytes(num_layers, num_kv_heads, head_dim, num_tokens, batch_size=1,
     return 2 * num_layers * num_kv_heads * head_dim * num_tokens * batch_size * bytes_per_element
 
 
-# Attention shapes of real models. head_dim = d_model / num_heads in every one of them.
-# sliding_window, where given: each token attends to that many tokens at most, so the
-# cache never needs to hold more than that many.
-MODEL_CONFIGS = {
-    "GPT-2": dict(
-        num_layers=12, num_heads=12, num_kv_heads=12, head_dim=64, d_model=768, max_context=1024,
-        attention="MHA",
-        source="Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', "
-               "Table 2 (smallest model: 12 layers, d_model 768); 12 heads in the released config",
-    ),
-    "Llama-2-7B": dict(
-        num_layers=32, num_heads=32, num_kv_heads=32, head_dim=128, d_model=4096, max_context=4096,
-        attention="MHA",
-        source="Touvron et al. 2023, 'Llama 2', Table 1 (context 4k, no GQA at 7B); "
-               "model card meta-llama/Llama-2-7b-hf (32 layers, 32 heads, hidden size 4096)",
-    ),
-    "Llama-2-70B": dict(
-        num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128, d_model=8192, max_context=4096,
-        attention="GQA",
-        source="Touvron et al. 2023, 'Llama 2', Table 1 and Section 2.2 (GQA at 34B and 70B); "
-               "model card meta-llama/Llama-2-70b-hf (80 layers, 64 heads, 8 KV heads, hidden size 8192)",
-    ),
-    "Llama-3-8B": dict(
-        num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, d_model=4096, max_context=8192,
-        attention="GQA",
-        source="Meta Llama 3 model card, meta-llama/Meta-Llama-3-8B (GQA, context 8k; "
-               "32 layers, 32 heads, 8 KV heads, hidden size 4096)",
-    ),
-    "Mistral-7B": dict(
-        num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, d_model=4096, max_context=8192,
-        sliding_window=4096, attention="GQA",
-        source="Jiang et al. 2023, 'Mistral 7B', Table 1 (n_layers 32, head_dim 128, n_heads 32, "
-               "n_kv_heads 8, dim 4096, window_size 4096, context_len 8192); its rolling buffer "
-               "cache holds the last window_size tokens",
-    ),
-    "Falcon-7B": dict(
-        num_layers=32, num_heads=71, num_kv_heads=1, head_dim=64, d_model=4544, max_context=2048,
-        attention="MQA",
-        source="model card tiiuae/falcon-7b (multiquery attention, 32 layers, d_model 4544, "
-               "head_dim 64, sequence length 2048); Almazrouei et al. 2023, 'The Falcon Series'",
-    ),
-}
+#: Attention shapes of real models, each with its source (``mhalib/data/model_configs.json``).
+#: ``head_dim = d_model / num_heads`` in every one; ``sliding_window``, where given: each token
+#: attends to that many tokens at most, so the cache never needs to hold more than that many.
+MODEL_CONFIGS = read_json("model_configs.json")["models"]
 
 
 def model_kv_bytes(name, num_tokens=1, batch_size=1, bytes_per_element=2):

@@ -246,3 +246,18 @@ def test_stubs_get_zero(key, tmp_path):
     result = grade_notebook(_notebook(tmp_path / f"{key}.ipynb", key, stubs), limits=LIMITS)
     assert result.score == 0, result.text()
     assert all("not written yet" in c.output for c in result.checks), result.text()
+
+
+def test_a_graded_function_names_its_arguments_from_its_signature_and_takes_the_exercise_forbidden_calls():
+    from mhalib.grade.spec import Exercise, Graded
+
+    plain = Graded(name="f", points=1, signature="f(x, w_q, num_heads, mask=None, *, scale=1.0)",
+                   make_cases=lambda rng: [], judge=lambda case, got: None)
+    method = Graded(name="M", points=1, signature="M(d_model).forward(x)", make_cases=lambda rng: [],
+                    judge=lambda case, got: None, adapter="torch_module")
+    own = Graded(name="g", points=1, signature="g(n)", make_cases=lambda rng: [], judge=lambda case, got: None,
+                 forbidden=("mhalib.kv_cache.*",), arg_names=("count",))
+    Exercise(key="99_x", title="x", forbidden=("mhalib.attention.*",), graded=[plain, method, own])
+    assert plain.arg_names == ("x", "w_q", "num_heads") and method.arg_names == ()
+    assert own.arg_names == ("count",)
+    assert plain.forbidden == method.forbidden == ("mhalib.attention.*",) and own.forbidden == ("mhalib.kv_cache.*",)

@@ -611,3 +611,27 @@ def test_cpu_floor_quotes_no_measured_speedup_and_the_notebook_prints_both_estim
     assert "4 * 32 * 8192 * 128 / (2 * 1 * 8192 * 128 * 4) == 16" in source  # the 16 FLOP/byte it quotes
     assert "roofline ceiling" in source and "reads then arithmetic" in source
     assert "measured above its ceiling" in source  # a disturbed run is named, not printed silently
+
+
+def test_the_question_file_is_checked_as_it_is_read(tmp_path):
+    import json
+
+    from mhalib import quiz as Q
+
+    one = {"id": "99.x", "prompt": "?", "choices": [{"text": "a", "correct": True, "why": "because"},
+                                                    {"text": "b", "correct": False, "why": "not so"}]}
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps({"questions": [one, one]}))
+    two_right = tmp_path / "two_right.json"
+    two_right.write_text(json.dumps({"questions": [dict(one, choices=[dict(c, correct=True) for c in one["choices"]])]}))
+    saved = dict(Q.QUESTIONS)
+    try:
+        Q.QUESTIONS.clear()
+        with pytest.raises(ValueError, match="appears twice"):
+            Q._load(twice)
+        Q.QUESTIONS.clear()
+        with pytest.raises(ValueError, match="exactly one correct choice"):
+            Q._load(two_right)
+    finally:
+        Q.QUESTIONS.clear()
+        Q.QUESTIONS.update(saved)

@@ -37,7 +37,7 @@ from mhalib.grade.wire import Unsupported
 
 __all__ = [
     "Case", "Graded", "Exercise", "VISIBLE_SEED",
-    "describe", "check_array", "check_pair", "check_decode_caches", "match_variant", "close",
+    "describe", "check_array", "check_pair", "check_decode_step", "match_variant", "close",
     "judge_raised", "judge_returned", "explain_error",
     "NUMPY_ATTENTION_FORBIDDEN", "TORCH_ATTENTION_FORBIDDEN", "ATTENTION_FORBIDDEN",
     "FROM_SCRATCH_FORBIDDEN",
@@ -101,6 +101,12 @@ class Graded:
     description: str = ""
     explain_error: Callable | None = None  # (case, error, call) -> message or None
 
+    def __post_init__(self):
+        plain_call = re.fullmatch(r"\s*\w+\(([^()]*)\)\s*", self.signature)
+        if not self.arg_names and plain_call:  # the required parameters of the signature, by name
+            self.arg_names = tuple(p.strip() for p in plain_call.group(1).split(",")
+                                   if p.strip() and "=" not in p and not p.strip().startswith("*"))
+
     @property
     def lookup(self):
         """The name looked up in the notebook: ``target`` when set, else ``name``."""
@@ -113,11 +119,20 @@ class Graded:
 
 @dataclass
 class Exercise:
-    """One exercise: its key, title, graded functions and the modules the child imports first."""
+    """One exercise: its key, title, graded functions and the modules the child imports first.
+
+    ``forbidden`` is what every graded function of the exercise may not call, unless the
+    :class:`Graded` names its own.
+    """
     key: str  # "01_single_head_attention"
     title: str
     graded: list
     preload: tuple = ()  # modules the child imports first ("torch")
+    forbidden: tuple = ()
+
+    def __post_init__(self):
+        for graded in self.graded:
+            graded.forbidden = graded.forbidden or self.forbidden
 
     @property
     def number(self):
@@ -199,13 +214,14 @@ def check_pair(got, names=("out", "weights")):
     return None
 
 
-def check_decode_caches(got, expected, old, explain=None):
-    """The first checks of a decode step's ``(out, k_cache, v_cache)``; ``None`` or a message.
+def check_decode_step(got, expected, old, explain_cache=None, explain_out=None):
+    """A decode step's ``(out, k_cache, v_cache)`` against ``expected``; ``None`` or a message.
 
     ``got`` must be that triple; each returned cache must hold one position more than the
-    cache it came from (``old``, the two caches passed in) and equal ``expected[1:]``.
-    ``explain(name, cache)`` may name a known mistake when a cache differs (``None`` keeps
-    the plain message). ``out`` is left to the caller.
+    cache it came from (``old``, the two caches passed in) and equal ``expected[1:]``; then
+    ``out`` must equal ``expected[0]``. ``explain_cache(name, cache)`` and ``explain_out(out)``
+    may name a known mistake when a cache or the output differs (``None`` keeps the plain
+    message).
     """
     msg = check_pair(got, ("out", "k_cache", "v_cache"))
     if msg:
@@ -216,9 +232,12 @@ def check_decode_caches(got, expected, old, explain=None):
                     f"(T + 1 positions)")
         msg = check_array(cache, want, f"the returned {name}")
         if msg:
-            known = explain(name, cache) if explain and isinstance(cache, np.ndarray) else None
+            known = explain_cache(name, cache) if explain_cache and isinstance(cache, np.ndarray) else None
             return known or msg
-    return None
+    msg = check_array(got[0], expected[0], "out")
+    if msg and explain_out and isinstance(got[0], np.ndarray):
+        return explain_out(got[0]) or msg
+    return msg
 
 
 def match_variant(got, variants, rtol=1e-4, atol=1e-5):

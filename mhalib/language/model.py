@@ -17,7 +17,8 @@ trains in minutes:
 
 from __future__ import annotations
 
-from mhalib.checkpoints import DATA_DIR, load_model
+from mhalib.checkpoints import load_model
+from mhalib.data import DATA_DIR
 from mhalib.decoder import DecoderConfig
 from mhalib.language.grammar import SEQ_LEN, VOCAB
 

@@ -247,25 +247,15 @@ _SDPA_FORBIDDEN = FROM_SCRATCH_FORBIDDEN
 EXERCISE = Exercise(
     key=KEY,
     title="Scaled dot-product attention, one head",
+    forbidden=_SDPA_FORBIDDEN,
     graded=[
-        Graded(
-            name="causal_mask", points=2.5, signature="causal_mask(n)",
-            make_cases=causal_mask_cases, judge=judge_causal_mask, arg_names=("n",),
-            forbidden=_SDPA_FORBIDDEN,
-            description="(n, n) float: 0 on and below the diagonal, -inf above",
-        ),
-        Graded(
-            name="causal_mask (n < 1)", target="causal_mask", points=0.5, signature="causal_mask(n)",
-            make_cases=causal_mask_refusal_cases, judge=judge_returned, arg_names=("n",),
-            forbidden=_SDPA_FORBIDDEN,
-            description="ValueError for n < 1",
-        ),
-        Graded(
-            name="scaled_dot_product_attention", points=5,
-            signature="scaled_dot_product_attention(q, k, v, mask=None)",
-            make_cases=sdpa_cases, judge=judge_sdpa, arg_names=("q", "k", "v"),
-            forbidden=_SDPA_FORBIDDEN, explain_error=explain_sdpa_error,
-            description="(out, weights) = softmax(q k^T / sqrt(d_k) + mask) v",
-        ),
+        Graded(name="causal_mask", points=2.5, signature="causal_mask(n)", make_cases=causal_mask_cases,
+               judge=judge_causal_mask, description="(n, n) float: 0 on and below the diagonal, -inf above"),
+        Graded(name="causal_mask (n < 1)", target="causal_mask", points=0.5, signature="causal_mask(n)",
+               make_cases=causal_mask_refusal_cases, judge=judge_returned, description="ValueError for n < 1"),
+        Graded(name="scaled_dot_product_attention", points=5,
+               signature="scaled_dot_product_attention(q, k, v, mask=None)", make_cases=sdpa_cases,
+               judge=judge_sdpa, explain_error=explain_sdpa_error,
+               description="(out, weights) = softmax(q k^T / sqrt(d_k) + mask) v"),
     ],
 )

@@ -139,17 +139,13 @@ _FORBIDDEN = FROM_SCRATCH_FORBIDDEN
 EXERCISE = Exercise(
     key=KEY,
     title="Multi-head attention in NumPy",
+    forbidden=_FORBIDDEN,
     graded=[
-        Graded(name="split_heads", points=2, signature="split_heads(x, num_heads)",
-               make_cases=split_cases, judge=judge_split, arg_names=("x", "num_heads"),
-               forbidden=_FORBIDDEN),
-        Graded(name="merge_heads", points=2, signature="merge_heads(x)",
-               make_cases=merge_cases, judge=judge_merge, arg_names=("x",),
-               forbidden=_FORBIDDEN),
+        Graded(name="split_heads", points=2, signature="split_heads(x, num_heads)", make_cases=split_cases,
+               judge=judge_split),
+        Graded(name="merge_heads", points=2, signature="merge_heads(x)", make_cases=merge_cases, judge=judge_merge),
         Graded(name="multi_head_attention", points=4,
                signature="multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None)",
-               make_cases=mha_cases, judge=judge_attention,
-               arg_names=("x", "w_q", "w_k", "w_v", "w_o", "num_heads"), forbidden=_FORBIDDEN,
-               explain_error=explain_attention_error),
+               make_cases=mha_cases, judge=judge_attention, explain_error=explain_attention_error),
     ],
 )

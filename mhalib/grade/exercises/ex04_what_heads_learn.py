@@ -172,13 +172,13 @@ def judge_ablate(case, got):
 EXERCISE = Exercise(
     key=KEY,
     title="What heads learn: scores and ablation",
+    forbidden=_FORBIDDEN,
     graded=[
         Graded(name="previous_token_score", points=2, signature="previous_token_score(weights)",
-               make_cases=previous_cases, judge=judge_previous, arg_names=("weights",), forbidden=_FORBIDDEN),
+               make_cases=previous_cases, judge=judge_previous),
         Graded(name="induction_score", points=3, signature="induction_score(weights, tokens)",
-               make_cases=induction_cases, judge=judge_induction, arg_names=("weights", "tokens"),
-               forbidden=_FORBIDDEN),
-        Graded(name="ablate_head", points=2, signature="ablate_head(z, head)",
-               make_cases=ablate_cases, judge=judge_ablate, arg_names=("z", "head"), forbidden=_FORBIDDEN),
+               make_cases=induction_cases, judge=judge_induction),
+        Graded(name="ablate_head", points=2, signature="ablate_head(z, head)", make_cases=ablate_cases,
+               judge=judge_ablate),
     ],
 )

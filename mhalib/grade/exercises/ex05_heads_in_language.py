@@ -290,18 +290,15 @@ def judge_effect(case, got):
 EXERCISE = Exercise(
     key=KEY,
     title="Heads in a small language model: a head score and an ablation",
+    forbidden=_FORBIDDEN,
     graded=[
-        Graded(name="relation_score", points=3, signature="relation_score(weights, pairs)",
-               make_cases=relation_cases, judge=judge_relation, arg_names=("weights", "pairs"),
-               forbidden=_FORBIDDEN),
+        Graded(name="relation_score", points=3, signature="relation_score(weights, pairs)", make_cases=relation_cases,
+               judge=judge_relation),
         Graded(name="probe_accuracy_from_logits", points=2,
                signature="probe_accuracy_from_logits(logits, positions, correct, wrong)",
-               make_cases=probe_cases, judge=judge_probe,
-               arg_names=("logits", "positions", "correct", "wrong"), forbidden=_FORBIDDEN),
+               make_cases=probe_cases, judge=judge_probe),
         Graded(name="ablation_effect", points=3,
                signature="ablation_effect(logits, ablated_logits, tokens, positions, correct, wrong)",
-               make_cases=effect_cases, judge=judge_effect,
-               arg_names=("logits", "ablated_logits", "tokens", "positions", "correct", "wrong"),
-               forbidden=_FORBIDDEN),
+               make_cases=effect_cases, judge=judge_effect),
     ],
 )

@@ -7,7 +7,7 @@ import numpy as np
 from mhalib.grade.exercises import _numpy_variants as wrong
 from mhalib.grade.spec import (
     ATTENTION_FORBIDDEN, Case, Exercise, Graded,
-    check_array, check_decode_caches, describe,
+    check_decode_step, describe,
 )
 
 KEY = "06_kv_cache"
@@ -114,21 +114,19 @@ def judge_decode(case, got):
             return f"{name}: append the new entry at the end (axis 2), not the front"
         return None
 
-    msg = check_decode_caches(got, case.expected, (kc, vc), explain=prepended)
-    if msg:
-        return msg
-    out, out_e = got[0], case.expected[0]
-    msg = check_array(out, out_e, "out")
-    if msg and isinstance(out, np.ndarray) and out.shape == out_e.shape and kc.shape[2] > 0:
+    def stale(out):
+        if out.shape != case.expected[0].shape or kc.shape[2] == 0:
+            return None
         try:
             q = wrong.split(x.astype(np.float64) @ ws[0], h)
             z, _ = wrong.sdpa(q, kc, vc)
-            stale = wrong.merge(z) @ ws[3]
-            if np.allclose(out, stale, atol=1e-5):
+            if np.allclose(out, wrong.merge(z) @ ws[3], atol=1e-5):
                 return "the new token does not attend to itself: append its key and value before attending"
         except Exception:
             pass
-    return msg
+        return None
+
+    return check_decode_step(got, case.expected, (kc, vc), explain_cache=prepended, explain_out=stale)
 
 
 _FORBIDDEN = ATTENTION_FORBIDDEN
@@ -136,15 +134,14 @@ _FORBIDDEN = ATTENTION_FORBIDDEN
 EXERCISE = Exercise(
     key=KEY,
     title="Decoding with a KV cache",
+    forbidden=_FORBIDDEN,
     graded=[
         Graded(name="kv_cache_bytes", points=2,
                signature="kv_cache_bytes(num_layers, num_kv_heads, head_dim, num_tokens, batch_size=1, "
                          "bytes_per_element=2)",
-               make_cases=bytes_cases, judge=judge_bytes, forbidden=("mhalib.kv_cache.*",),
-               arg_names=("num_layers", "num_kv_heads", "head_dim", "num_tokens")),
+               make_cases=bytes_cases, judge=judge_bytes, forbidden=("mhalib.kv_cache.*",)),
         Graded(name="decode_step", points=5,
                signature="decode_step(x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads)",
-               make_cases=decode_cases, judge=judge_decode, forbidden=_FORBIDDEN,
-               arg_names=("x_new", "k_cache", "v_cache", "w_q", "w_k", "w_v", "w_o", "num_heads")),
+               make_cases=decode_cases, judge=judge_decode),
     ],
 )

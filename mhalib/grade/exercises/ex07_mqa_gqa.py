@@ -86,16 +86,13 @@ _FORBIDDEN = ATTENTION_FORBIDDEN
 EXERCISE = Exercise(
     key=KEY,
     title="Multi-query and grouped-query attention",
+    forbidden=_FORBIDDEN,
     graded=[
         Graded(name="grouped_query_attention", points=5,
                signature="grouped_query_attention(x, w_q, w_k, w_v, w_o, num_heads, num_kv_heads, mask=None)",
-               make_cases=gqa_cases, judge=judge_attention,
-               arg_names=("x", "w_q", "w_k", "w_v", "w_o", "num_heads", "num_kv_heads"),
-               forbidden=_FORBIDDEN, explain_error=explain_attention_error),
+               make_cases=gqa_cases, judge=judge_attention, explain_error=explain_attention_error),
         Graded(name="multi_query_attention", points=3,
                signature="multi_query_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None)",
-               make_cases=mqa_cases, judge=judge_mqa,
-               arg_names=("x", "w_q", "w_k", "w_v", "w_o", "num_heads"), forbidden=_FORBIDDEN,
-               explain_error=explain_mqa_error),
+               make_cases=mqa_cases, judge=judge_mqa, explain_error=explain_mqa_error),
     ],
 )

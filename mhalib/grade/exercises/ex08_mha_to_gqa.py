@@ -65,7 +65,6 @@ EXERCISE = Exercise(
     graded=[
         Graded(name="mean_pool_kv", points=4, signature="mean_pool_kv(weight, num_heads, num_kv_heads)",
                make_cases=mean_pool_cases, judge=judge_mean_pool,
-               arg_names=("weight", "num_heads", "num_kv_heads"),
                forbidden=("mhalib.convert.*", "mhalib.attention.*"), params={"torch_args": [0]}),
     ],
 )

@@ -11,7 +11,7 @@ import numpy as np
 
 from mhalib.grade.spec import (
     ATTENTION_FORBIDDEN, Case, Exercise, Graded,
-    check_array, check_decode_caches, check_pair, close, describe, match_variant,
+    check_array, check_decode_step, check_pair, close, describe, match_variant,
 )
 
 KEY = "09_beyond_gqa"
@@ -199,19 +199,17 @@ def judge_decode(case, got):
             return "the cache holds the new key unrotated: rotate it by its position before appending it"
         return None
 
-    msg = check_decode_caches(got, case.expected, (kc, vc), explain=rotation_mistake)
-    if msg:
-        return msg
-    out, out_e = got[0], case.expected[0]
-    msg = check_array(out, out_e, "out")
-    if msg and isinstance(out, np.ndarray):
+    def output_mistake(out):
         if h // g > 1 and g > 1 and close(out, variant(order="tile")[0]):
             return ("query head h must read K/V head h // (H // g) (np.repeat along the head axis, like "
                     "repeat_interleave); np.tile (torch's repeat) sends it to head h % g")
         if t > 0 and close(out, variant(start="zero")[0]):
             return (f"positions restarted at 0: the new token sits at position T = k_cache.shape[2] (here {t}); "
                     "rotate its query by T")
-    return msg
+        return None
+
+    return check_decode_step(got, case.expected, (kc, vc), explain_cache=rotation_mistake,
+                             explain_out=output_mistake)
 
 
 # ----------------------------------------------------------------------------- merge_partials
@@ -280,15 +278,14 @@ def judge_merge(case, got):
 EXERCISE = Exercise(
     key=KEY,
     title="Beyond GQA: rotary positions with a cache, and the log-sum-exp merge",
+    forbidden=_FORBIDDEN,
     graded=[
-        Graded(name="apply_rope", points=2, signature="apply_rope(x, positions, base=10000.0)",
-               make_cases=rope_cases, judge=judge_rope, forbidden=_FORBIDDEN, arg_names=("x", "positions")),
+        Graded(name="apply_rope", points=2, signature="apply_rope(x, positions, base=10000.0)", make_cases=rope_cases,
+               judge=judge_rope),
         Graded(name="gqa_rope_decode_step", points=5,
                signature="gqa_rope_decode_step(x_new, k_cache, v_cache, w_q, w_k, w_v, w_o, num_heads, num_kv_heads)",
-               make_cases=decode_cases, judge=judge_decode, forbidden=_FORBIDDEN,
-               arg_names=("x_new", "k_cache", "v_cache", "w_q", "w_k", "w_v", "w_o", "num_heads", "num_kv_heads")),
+               make_cases=decode_cases, judge=judge_decode),
         Graded(name="merge_partials", points=3, signature="merge_partials(outputs, log_sum_exps)",
-               make_cases=merge_cases, judge=judge_merge, forbidden=_FORBIDDEN,
-               arg_names=("outputs", "log_sum_exps")),
+               make_cases=merge_cases, judge=judge_merge),
     ],
 )
