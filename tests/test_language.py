@@ -619,3 +619,35 @@ def test_exercise_05_references_are_the_librarys_numbers_on_the_shipped_model(sh
     assert drop == probe_accuracy(shipped, probes) - probe_accuracy(shipped, probes, [(1, 2)]) > 0.2
     losses = np.nanmean(token_losses(shipped, probes.tokens, [(1, 2)])) - np.nanmean(token_losses(shipped, probes.tokens))
     assert rise == pytest.approx(losses, abs=1e-5) and rise > 0
+
+
+def test_the_library_measures_the_shipped_model_as_it_did_when_it_was_saved(shipped):
+    """Every number ``python -m mhalib.language`` stored with seed 0 (loss by role, every probe set,
+    the five head scores, all nine ablations and the claim), measured again now, to float rounding (no
+    probe item flips, on the native kernels and on the portable ones): the model
+    code, the head scores and the ablation table have not moved since the weights were saved."""
+    import json
+
+    from mhalib.language.__main__ import measure
+    from mhalib.runtime import num_threads
+
+    with num_threads(1):
+        now = json.loads(json.dumps(measure(shipped)))
+    saved = shipped.metadata["measured"]
+
+    def walk(a, b, where):
+        assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, where
+        if isinstance(a, dict):
+            assert set(a) == set(b), where
+            for k in a:
+                walk(a[k], b[k], f"{where}/{k}")
+        elif isinstance(a, list):
+            assert len(a) == len(b), where
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{where}[{i}]")
+        elif isinstance(a, float):
+            assert abs(a - b) <= 2e-6 + 1e-5 * abs(b), (where, a, b)  # stored to 6 digits; other CPUs round apart
+        else:
+            assert a == b, (where, a, b)
+
+    walk(now, saved, "measured")
