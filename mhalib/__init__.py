@@ -12,7 +12,8 @@ Modules, one concept each (dependencies flow downwards only):
 * ``mhalib.decoder``: the one decoder-only transformer every trained model of the course is
   (``Decoder``, ``DecoderConfig``), with one head contract for ablation and patching;
   ``mhalib.checkpoints`` its one file format and loader; ``mhalib.fit`` its one training
-  loop; ``mhalib.runtime`` threads and progress bars.
+  loop; ``mhalib.runtime`` threads and progress bars; ``mhalib.data`` the shipped data
+  (weights, measured runs, quiz questions, real models' shapes) and where it lives.
 * ``mhalib.copytask``: the copy-task family of notebooks 04 and 08: the tasks, the
   attention-only configuration and its shipped weights, training and evaluation.
 * ``mhalib.interpret``: head scores (previous-token, induction, duplicate, ``<bos>``,

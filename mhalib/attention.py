@@ -103,6 +103,7 @@ def repeat_kv(x, n_rep):
 #: The kernels :meth:`GroupedQueryAttention.attend` can use (see its docstring).
 ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa")
 
+
 def grouped_attention(q, k, v, *, causal=False, attn_mask=None, need_weights=False):
     """Attention of H query heads against g shared key/value heads, without repeating K/V.
 
@@ -281,6 +282,9 @@ class GroupedQueryAttention(nn.Module):
             ``(B, N, d_model)``, or ``(output, weights)`` with weights ``(B, H, N, N_k)``.
         """
         self._check_input(x)
+        if qk_input is not None and (not isinstance(qk_input, torch.Tensor) or qk_input.shape != x.shape):
+            got = tuple(qk_input.shape) if isinstance(qk_input, torch.Tensor) else type(qk_input).__name__
+            raise ValueError(f"qk_input must be a tensor of the shape of x {tuple(x.shape)}; got {got}")
         b, n, _ = x.shape
         q, k, v = self.project(x, qk_input)  # (B, H, N, d), (B, g, N, d), (B, g, N, d)
         if kv_cache is not None:

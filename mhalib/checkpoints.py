@@ -19,8 +19,7 @@ import torch
 from mhalib.data import DATA_DIR
 from mhalib.decoder import Decoder, DecoderConfig
 
-__all__ = ["DATA_DIR", "save_model", "load_model", "shipped_models"]
-
+__all__ = ["save_model", "load_model", "shipped_models"]
 
 
 def _paths(path):
@@ -59,7 +58,8 @@ def load_model(path, hint=""):
     """A model saved by :func:`save_model`, or a shipped one by name (:func:`shipped_models`).
 
     Args:
-        path: a shipped model's name, or a file name with or without ``.pt``/``.json``.
+        path: a shipped model's name (a string such as ``"induction_2layer"``: the shipped one,
+            whatever lies in the working folder), or a file name with or without ``.pt``/``.json``.
         hint: appended to the error when nothing is there (e.g. how to train one).
 
     Returns:
@@ -73,8 +73,18 @@ def load_model(path, hint=""):
         raise ValueError(f"no model at {pt.with_suffix('')} (need both .pt and .json); "
                          f"shipped: {', '.join(shipped_models())}{hint}")
     meta = json.loads(js.read_text())
-    model = Decoder(DecoderConfig(**meta["config"]))
-    model.load_state_dict(torch.load(pt, weights_only=True))
+    fields = set(DecoderConfig.__dataclass_fields__)
+    config = meta.get("config")
+    if not isinstance(config, dict) or not set(config) <= fields or "positions" not in config:
+        raise ValueError(f"{js} does not hold a DecoderConfig under 'config' (fields {sorted(fields)}); "
+                         f"a checkpoint saved before the course had one model class must be saved again "
+                         f"with save_model; got {config!r}")
+    model = Decoder(DecoderConfig(**config))
+    state = torch.load(pt, weights_only=True)
+    if set(state) != set(model.state_dict()):
+        raise ValueError(f"{pt} does not hold the weights its config describes: missing "
+                         f"{sorted(set(model.state_dict()) - set(state))}, unexpected {sorted(set(state) - set(model.state_dict()))}")
+    model.load_state_dict(state)
     model.eval()
     model.metadata = meta
     return model

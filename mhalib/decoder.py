@@ -135,25 +135,25 @@ def _is_index(v):
     return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
 
 
-def check_ablate(ablate, num_layers, num_heads):
+def check_ablate(ablate, num_layers, num_heads, what="ablate"):
     """Validate a list of ``(layer, head)`` pairs (ints, NumPy ints included); returns ``{layer: [heads]}``.
 
-    Raises ``ValueError`` naming the valid ranges for anything else.
+    Raises ``ValueError`` naming the argument (``what``) and the valid ranges for anything else.
     """
     if ablate is None:
         return {}
     if isinstance(ablate, tuple) and len(ablate) == 2 and all(_is_index(v) for v in ablate):
-        raise ValueError(f"ablate must be a list of (layer, head) pairs; got the single pair {ablate!r}: "
+        raise ValueError(f"{what} must be a list of (layer, head) pairs; got the single pair {ablate!r}: "
                          f"write [{ablate!r}]")
     by_layer = {}
     try:
         pairs = list(ablate)
     except TypeError:
-        raise ValueError(f"ablate must be a list of (layer, head) pairs; got {ablate!r}") from None
+        raise ValueError(f"{what} must be a list of (layer, head) pairs; got {ablate!r}") from None
     for pair in pairs:
         ok = isinstance(pair, (tuple, list)) and len(pair) == 2 and all(_is_index(v) for v in pair)
         if not ok or not 0 <= pair[0] < num_layers or not 0 <= pair[1] < num_heads:
-            raise ValueError(f"ablate holds (layer, head) pairs with layer in 0 .. {num_layers - 1} and "
+            raise ValueError(f"{what} holds (layer, head) pairs with layer in 0 .. {num_layers - 1} and "
                              f"head in 0 .. {num_heads - 1}; got {pair!r}")
         by_layer.setdefault(int(pair[0]), []).append(int(pair[1]))
     return by_layer
@@ -289,7 +289,9 @@ class Decoder(nn.Module):
         zero = check_ablate(ablate, self.num_layers, self.num_heads)
         patches = {}
         for name, given in (("z", replace_z), ("weights", replace_weights)):
-            check_ablate(list(given or {}), self.num_layers, self.num_heads)
+            if given is not None and not isinstance(given, dict):
+                raise ValueError(f"replace_{name} must be a dict (layer, head) -> tensor; got {type(given).__name__}")
+            check_ablate(list(given or {}), self.num_layers, self.num_heads, what=f"replace_{name}")
             for (layer, head), value in (given or {}).items():
                 patches.setdefault((name, int(layer)), {})[int(head)] = value
         pos = self.pos.weight[start:start + n]  # (N, d_model)

@@ -245,15 +245,26 @@ def _tokens_tensor(tokens):
                            dtype=torch.long)
 
 
+def _measured(model, tokens, threads, **options):
+    """One run of ``model`` in eval mode (no dropout), without gradients; its mode given back."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), num_threads(threads):
+            return model(_tokens_tensor(tokens), **options)
+    finally:
+        model.train(was_training)
+
+
 def attention_weights(model, tokens, ablate=None, *, threads=1):
     """Every layer's attention weights for ``tokens`` ``(B, N)`` (NumPy or torch): NumPy ``(B, L, H, N, N)``.
 
-    ``ablate``: optional ``(layer, head)`` pairs zeroed during the run.
+    ``ablate``: optional ``(layer, head)`` pairs zeroed during the run. The model runs in eval
+    mode (no dropout), as every measurement of :mod:`mhalib.interpret` does.
     """
-    import torch
-
-    with torch.no_grad(), num_threads(threads):
-        _, weights = model(_tokens_tensor(tokens), return_weights=True, ablate=ablate)  # (B, L, H, N, N)
+    _, weights = _measured(model, tokens, threads, return_weights=True, ablate=ablate)  # (B, L, H, N, N)
     return weights.numpy()
 
 
@@ -268,11 +279,8 @@ def record_heads(model, tokens, ablate=None, *, threads=1):
     Returns:
         dict with ``"z"`` ``(B, L, H, N, d_head)`` and ``"weights"`` ``(B, L, H, N, N)`` tensors.
     """
-    import torch
-
     record = {}
-    with torch.no_grad(), num_threads(threads):
-        model(_tokens_tensor(tokens), ablate=ablate, record=record)
+    _measured(model, tokens, threads, ablate=ablate, record=record)
     return record
 
 
@@ -286,7 +294,8 @@ def head_scores(model, tokens, names=("previous", "induction", "duplicate"), *, 
     Args:
         model: a :class:`~mhalib.decoder.Decoder`.
         tokens: ``(B, N)`` token ids (NumPy or torch).
-        names: which scores, in this order: any of :data:`SCORES`, and the names of ``relations``.
+        names: which scores, in this order (a name or a list of names): any of :data:`SCORES`,
+            and the names of ``relations``.
         relations: optional dict name -> ``(M, 3)`` pairs ``(sequence, target, key)`` scored
             by :func:`relation_score` (e.g. the grammar's ``batch.relations``). A name found
             here is scored from its pairs, even one of :data:`SCORES`.
@@ -295,6 +304,7 @@ def head_scores(model, tokens, names=("previous", "induction", "duplicate"), *, 
         dict name -> ``(L, H)`` NumPy array (ready for ``mhalib.plots.attention_grid(..., scores=...)``).
     """
     relations = relations or {}
+    names = [names] if isinstance(names, str) else list(names)
     unknown = [n for n in names if n not in relations and n not in SCORES]
     if unknown:
         raise ValueError(f"unknown scores {unknown}; allowed: {list(SCORES)} and the relations given "

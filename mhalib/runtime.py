@@ -1,11 +1,12 @@
-"""Plumbing shared by every training and measuring loop: CPU threads and progress bars."""
+"""Plumbing shared by every training and measuring loop: CPU threads and progress bars.
+
+Importing it loads neither torch nor tqdm (each is imported on first use), so NumPy-only
+modules such as :mod:`mhalib.interpret` stay quick to import.
+"""
 
 from __future__ import annotations
 
 import contextlib
-
-import torch
-from tqdm.auto import tqdm
 
 __all__ = ["num_threads", "progress_bar"]
 
@@ -18,6 +19,8 @@ def progress_bar(total, desc, enabled=True):
     when the block ends, so a saved notebook's text form reads ``100%|...| 1500/1500``
     rather than the ``0%`` the bar started with.
     """
+    from tqdm.auto import tqdm
+
     notebook = enabled and any(cls.__module__ == "tqdm.notebook" for cls in tqdm.__mro__)
     bar = tqdm(total=total, desc=desc, disable=not enabled, mininterval=0.5,
                **({"display": False} if notebook else {}))
@@ -43,6 +46,8 @@ def progress_bar(total, desc, enabled=True):
 @contextlib.contextmanager
 def num_threads(n):
     """Run the block with ``torch.set_num_threads(n)`` (``None``: leave it), then restore."""
+    import torch
+
     if n is None:
         yield
         return

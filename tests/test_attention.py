@@ -36,6 +36,18 @@ def test_import_mhalib_does_not_load_torch_or_plotting():
     assert mhalib.GroupedQueryAttention is GroupedQueryAttention  # lazy export works
 
 
+@pytest.mark.parametrize("module", ["mhalib.interpret", "mhalib.kv_cache", "mhalib.quiz", "mhalib.runtime",
+                                    "mhalib.np_attention", "mhalib.data"])
+def test_numpy_modules_do_not_load_torch(module):
+    """The grader's NumPy references and the learners' check() import these: no torch, no tqdm."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; print(sorted(m for m in ('torch', 'tqdm') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_attribute_names_follow_hugging_face():
     m = GroupedQueryAttention(64, 8, 2)
     assert m.q_proj.weight.shape == (64, 64)

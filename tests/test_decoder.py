@@ -133,12 +133,33 @@ def test_checkpoint_round_trip(tmp_path, config):
 
 
 def test_every_shipped_model_loads_with_the_one_loader():
+    from mhalib.language import language_config
+
     names = shipped_models()
     assert names == ["induction_2layer", "language_model"] + [f"language_model_seed{s}" for s in range(1, 5)]
     for name in names:
         model = load_model(name)
         assert isinstance(model, Decoder) and not model.training
-        assert model.metadata["config"] == {k: getattr(model.config, k) for k in model.metadata["config"]}
+        assert model.config == (COPY_TASK_CONFIG if name == "induction_2layer" else language_config())
+
+
+def test_a_checkpoint_of_another_format_is_refused_with_what_to_do(tmp_path):
+    import json
+
+    model = Decoder(copy_task_config(num_layers=1))
+    save_model(model, tmp_path / "old")
+    meta = json.loads((tmp_path / "old.json").read_text())
+    old_config = {k: meta["config"][k] for k in ("vocab_size", "seq_len", "d_model", "num_heads", "num_kv_heads",
+                                                 "num_layers")}  # the copy-task model's config before
+    (tmp_path / "old.json").write_text(json.dumps({**meta, "config": old_config}))
+    with pytest.raises(ValueError, match="does not hold a DecoderConfig.*saved again with save_model"):
+        load_model(tmp_path / "old")
+    (tmp_path / "old.json").write_text(json.dumps(meta))
+    state = torch.load(tmp_path / "old.pt")
+    state["pos"] = state.pop("pos.weight")  # the copy-task model's keys before
+    torch.save(state, tmp_path / "old.pt")
+    with pytest.raises(ValueError, match=r"missing \['pos.weight'\], unexpected \['pos'\]"):
+        load_model(tmp_path / "old")
 
 
 def test_shipped_checkpoint_loads():
@@ -177,6 +198,43 @@ def test_a_seed_gives_the_weights_the_shipped_recipes_drew():
         assert torch.equal(got[name], want[name]), name
 
 
+def _reference_language_init(seed):
+    """The language runs' weights, drawn as the grammar recipe always drew them: every module created
+    in the model's order (embedding, positions; per block LayerNorm, four projections, LayerNorm, the
+    MLP's two layers with their biases; final LayerNorm, unembedding), then every weight matrix and
+    embedding redrawn from N(0, 0.02^2) in that order, biases set to 0, LayerNorms left at 1 and 0."""
+    torch.manual_seed(seed)
+    made = {"embed": nn.Embedding(114, 64), "pos": nn.Embedding(64, 64)}
+    for i in range(2):
+        made[f"blocks.{i}.ln_1"] = nn.LayerNorm(64)
+        for p in "qkvo":
+            made[f"blocks.{i}.attn.{p}_proj"] = nn.Linear(64, 64, bias=False)
+        made[f"blocks.{i}.ln_2"] = nn.LayerNorm(64)
+        made[f"blocks.{i}.mlp.0"], made[f"blocks.{i}.mlp.2"] = nn.Linear(64, 256), nn.Linear(256, 64)
+    made["ln_f"], made["unembed"] = nn.LayerNorm(64), nn.Linear(64, 114, bias=False)
+    state = {}
+    for name, module in made.items():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            module.weight.data.normal_(0.0, 0.02)
+            if getattr(module, "bias", None) is not None:
+                module.bias.data.zero_()
+        state.update({f"{name}.{k}": v for k, v in module.state_dict().items()})
+    return state
+
+
+def test_a_seed_gives_the_weights_the_language_recipe_drew():
+    from mhalib.language import new_language_model
+
+    want = _reference_language_init(3)
+    after_want = torch.rand(4)
+    got = new_language_model(3).state_dict()
+    after_got = torch.rand(4)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    assert torch.equal(after_got, after_want), "the same draws were made (training's batches come after)"
+
+
 @pytest.mark.parametrize("bad", [
     lambda m: m(torch.zeros(2, 33, dtype=torch.long)),
     lambda m: m(torch.zeros(2, 8)),
@@ -210,6 +268,13 @@ def test_bad_config_and_paths_raise(tmp_path):
         save_model(nn.Linear(2, 2), tmp_path / "x")
     with pytest.raises(ValueError, match="available"):
         load_pretrained("nope")
+    model, t = small_model(), tokens()
+    with pytest.raises(ValueError, match="replace_z must be a dict"):
+        model(t, replace_z=[(0, 0)])
+    with pytest.raises(ValueError, match=r"replace_weights holds \(layer, head\) pairs with layer in 0 \.\. 1"):
+        model(t, replace_weights={(2, 0): torch.zeros(3, 32, 32)})
+    with pytest.raises(ValueError, match=r"qk_input must be a tensor of the shape of x \(3, 32, 64\); got \(3, 31, 64\)"):
+        model.blocks[0].attn(torch.zeros(3, 32, 64), qk_input=torch.zeros(3, 31, 64))
 
 
 def test_next_token_loss_matches_explicit_cross_entropy():
@@ -278,6 +343,45 @@ def test_qk_input_moves_the_queries_and_keys_only():
     q, k, v = attn.project(x, other)
     q0, k0, v0 = attn.project(other)
     assert torch.equal(q, q0) and torch.equal(k, k0) and torch.equal(v, attn.project(x)[2])
+
+
+def test_the_user_hook_runs_after_patching_and_ablation_and_record_keeps_what_o_proj_received():
+    model, t = small_model(), tokens()
+    patch = torch.full((3, 32, 16), 0.5)
+    seen, record = {}, {}
+
+    def hook(layer, z):
+        seen[layer] = z.clone()
+        return z * 2 if layer == 0 else None  # None: keep z
+
+    captured = []
+    handle = model.blocks[0].attn.o_proj.register_forward_hook(lambda m, inp, out: captured.append(inp[0]))
+    with torch.no_grad():
+        model(t, ablate=[(0, 1)], replace_z={(0, 2): patch}, z_hook=hook, record=record)
+    handle.remove()
+    assert torch.equal(seen[0][:, 1], torch.zeros(3, 32, 16)) and torch.equal(seen[0][:, 2], patch)
+    assert torch.equal(record["z"][:, 0], seen[0] * 2) and torch.equal(record["z"][:, 1], seen[1])
+    merged = record["z"][:, 0].transpose(1, 2).reshape(3, 32, 64)  # (B, N, d_model): what o_proj read
+    assert torch.equal(captured[0], merged)
+
+
+def test_a_failed_step_leaves_the_copy_task_models_caches_as_they_were():
+    from mhalib.generate import new_caches
+
+    model, t = small_model(), tokens()
+    caches = new_caches(model)
+    with torch.no_grad():
+        model(t[:, :5], kv_caches=caches)
+
+        def broken(layer, z):
+            if layer == 1:
+                raise RuntimeError("a hook that fails in the last layer")
+            return z
+
+        with pytest.raises(RuntimeError, match="fails"):
+            model(t[:, 5:9], kv_caches=caches, z_hook=broken)
+        assert [len(c) for c in caches] == [5, 5]
+        torch.testing.assert_close(model(t[:, 5:9], kv_caches=caches), model(t[:, :9])[:, 5:], atol=1e-5, rtol=1e-5)
 
 
 def test_both_families_take_the_same_interventions():

@@ -251,7 +251,7 @@ def test_stubs_get_zero(key, tmp_path):
 def test_a_graded_function_names_its_arguments_from_its_signature_and_takes_the_exercise_forbidden_calls():
     from mhalib.grade.spec import Exercise, Graded
 
-    plain = Graded(name="f", points=1, signature="f(x, w_q, num_heads, mask=None, *, scale=1.0)",
+    plain = Graded(name="f", points=1, signature="f(x, w_q, num_heads, mask=None, *, scale, bias=1.0)",
                    make_cases=lambda rng: [], judge=lambda case, got: None)
     method = Graded(name="M", points=1, signature="M(d_model).forward(x)", make_cases=lambda rng: [],
                     judge=lambda case, got: None, adapter="torch_module")
@@ -261,3 +261,5 @@ def test_a_graded_function_names_its_arguments_from_its_signature_and_takes_the_
     assert plain.arg_names == ("x", "w_q", "num_heads") and method.arg_names == ()
     assert own.arg_names == ("count",)
     assert plain.forbidden == method.forbidden == ("mhalib.attention.*",) and own.forbidden == ("mhalib.kv_cache.*",)
+    with pytest.raises(ValueError, match=r"'h\(x, f\(\)\)' is not a plain call.*give arg_names"):
+        Graded(name="h", points=1, signature="h(x, f())", make_cases=lambda rng: [], judge=lambda case, got: None)

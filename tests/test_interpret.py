@@ -146,6 +146,25 @@ def test_head_scores_takes_any_score_in_the_order_asked_and_relations_by_name():
         bos_score(w[0])
 
 
+def test_measurements_run_the_model_in_eval_mode_and_give_its_mode_back():
+    from mhalib.decoder import Decoder
+    from mhalib.interpret import attention_weights, record_heads
+    from mhalib.language import language_config
+
+    torch.manual_seed(0)
+    model = Decoder(language_config(dropout=0.5)).train()
+    t = torch.randint(0, 100, (2, 10), generator=torch.Generator().manual_seed(1))
+    first, second = attention_weights(model, t), attention_weights(model, t)
+    assert model.training and np.array_equal(first, second), "no dropout while measuring"
+    model.eval()
+    np.testing.assert_array_equal(first, attention_weights(model, t))
+    assert not model.training
+    model.train()
+    record = record_heads(model, t)
+    assert model.training and np.array_equal(record["weights"].numpy(), first)
+    assert list(head_scores(model, t, "previous")) == ["previous"]
+
+
 def test_ablation_table_runs_the_measure_intact_then_per_ablation():
     model, _ = load_pretrained()
     asked = []

@@ -529,7 +529,7 @@ def test_the_shipped_sweeps_have_the_seeds_the_notebook_counts_over():
     import json
 
     from mhalib.language.__main__ import RECIPE
-    from mhalib.checkpoints import DATA_DIR
+    from mhalib.data import DATA_DIR
 
     sweep = json.loads((DATA_DIR / "language_heads.json").read_text())["runs"]
     by_h = {}

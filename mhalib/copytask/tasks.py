@@ -1,4 +1,4 @@
-"""The copy tasks that the toy transformer learns (notebooks 04 and 08).
+"""The copy tasks that the copy-task model learns (notebooks 04 and 08).
 
 Each sequence has ``seq_len`` distinct tokens from a vocabulary of ``vocab_size``,
 except for one segment that is repeated straight after itself::

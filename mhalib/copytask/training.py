@@ -1,4 +1,4 @@
-"""Training and evaluating the toy transformer on a copy task.
+"""Training and evaluating the copy-task model on a copy task.
 
 Loss and accuracy are measured on the copy positions only (``mask`` from
 :meth:`mhalib.copytask.tasks.CopyTask.sample`): the other positions hold fresh random tokens

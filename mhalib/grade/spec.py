@@ -102,10 +102,15 @@ class Graded:
     explain_error: Callable | None = None  # (case, error, call) -> message or None
 
     def __post_init__(self):
+        if self.arg_names:
+            return
         plain_call = re.fullmatch(r"\s*\w+\(([^()]*)\)\s*", self.signature)
-        if not self.arg_names and plain_call:  # the required parameters of the signature, by name
-            self.arg_names = tuple(p.strip() for p in plain_call.group(1).split(",")
-                                   if p.strip() and "=" not in p and not p.strip().startswith("*"))
+        if plain_call:  # the positional parameters without a default, by name
+            positional = plain_call.group(1).split("*")[0]
+            self.arg_names = tuple(p.strip() for p in positional.split(",") if p.strip() and "=" not in p)
+        elif self.adapter == "function":
+            raise ValueError(f"graded function {self.name!r}: its signature {self.signature!r} is not a plain "
+                             f"call such as 'f(x, n, mask=None)'; give arg_names")
 
     @property
     def lookup(self):
@@ -122,7 +127,7 @@ class Exercise:
     """One exercise: its key, title, graded functions and the modules the child imports first.
 
     ``forbidden`` is what every graded function of the exercise may not call, unless the
-    :class:`Graded` names its own.
+    :class:`Graded` names its own (a Graded with none takes the exercise's: set on it here).
     """
     key: str  # "01_single_head_attention"
     title: str

@@ -14,9 +14,8 @@ Modules, one concept each:
   :func:`probe_accuracy`, the :class:`Bigram` baseline and :func:`shallow_baselines`
   (first noun, nearest noun, majority class).
 * :mod:`mhalib.language.heads`: :func:`grammar_head_scores` (previous-token, ``<bos>``,
-  verb -> subject, pronoun -> antecedent, induction), :func:`ablation_measure` (for
-  :func:`mhalib.interpret.ablation_table`), and the interventions that test what a score
-  suggests: :func:`number_patching` (does a head carry the subject's number?),
+  verb -> subject, pronoun -> antecedent, induction), and the interventions that test what
+  a score suggests: :func:`number_patching` (does a head carry the subject's number?),
   :func:`path_patching` (does an earlier head act by changing where a later head looks?),
   :func:`mean_ablation`.
 
@@ -25,8 +24,8 @@ Modules, one concept each:
 """
 
 from mhalib.language.grammar import VOCAB, decode, encode, sample_sequences
-from mhalib.language.heads import (SCORE_NAMES, ablation_measure, flip_subject_number, grammar_head_scores,
-                                   mean_ablation, number_patching, path_patching)
+from mhalib.language.heads import (SCORE_NAMES, flip_subject_number, grammar_head_scores, mean_ablation,
+                                   number_patching, path_patching)
 from mhalib.language.model import SHIPPED_SEEDS, language_config, load_language_model
 from mhalib.language.probes import (CONTROL, HELD_OUT, PROBE_KINDS, Bigram, ProbeSet, make_probe_set, probe_accuracy,
                                     probe_margins, shallow_baselines)
@@ -56,7 +55,6 @@ __all__ = [
     "Bigram",
     "SCORE_NAMES",
     "grammar_head_scores",
-    "ablation_measure",
     "flip_subject_number",
     "number_patching",
     "path_patching",

@@ -37,7 +37,8 @@ import torch
 
 from pathlib import Path
 
-from mhalib.checkpoints import DATA_DIR, save_model
+from mhalib.checkpoints import save_model
+from mhalib.data import DATA_DIR
 from mhalib.interpret import ablation_table
 from mhalib.language.heads import grammar_head_scores
 from mhalib.language.model import SHIPPED_SEEDS, load_language_model, shipped_path
@@ -218,8 +219,7 @@ def _job(job):
         extra = dict(eval=EVAL, claim_rule=CLAIM, tolerance=TOLERANCE) if shipped else {}
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         save_model(model, path, recipe=recipe, measured=measured, history=_history(history["loss"]),
-                            trained_by=f"python -m mhalib.language {'train' if shipped else 'heads/variants'}",
-                            **extra)
+                   trained_by=f"python -m mhalib.language {'train' if shipped else 'heads/variants'}", **extra)
     return name, recipe, measured, seconds
 
 

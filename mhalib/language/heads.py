@@ -7,8 +7,6 @@ The measuring tools themselves are the course's one set, in :mod:`mhalib.interpr
 * :data:`SCORE_NAMES`: the five scores notebook 05 reads, three of them from the grammar's
   relation pairs (verb -> subject ``"agreement"``, pronoun -> antecedent ``"coreference"``,
   and ``"induction"``), scored on its text by :func:`grammar_head_scores`;
-* :func:`ablation_measure`: what an ablation costs the language model (loss by token role,
-  both probes), the ``measure`` of :func:`~mhalib.interpret.ablation_table`;
 * the interventions that test what a score suggests: :func:`number_patching` (does a head
   carry the subject's number?), :func:`path_patching` (does an earlier head act by changing
   where a later head looks?), :func:`mean_ablation`.
@@ -23,11 +21,11 @@ import torch
 
 from mhalib.interpret import head_scores, record_heads
 from mhalib.language.grammar import THINGS, VOCAB, WORD_TO_ID, _plural, other_number, sample_sequences
-from mhalib.language.probes import ProbeSet, probe_accuracy, probe_margins, probe_tokens
-from mhalib.language.training import EVAL_STREAM, loss_by_role
+from mhalib.language.probes import ProbeSet, probe_margins, probe_tokens
+from mhalib.language.training import EVAL_STREAM
 
-__all__ = ["SCORE_NAMES", "grammar_head_scores", "ablation_measure", "flip_subject_number", "number_patching",
-           "path_patching", "mean_ablation"]
+__all__ = ["SCORE_NAMES", "grammar_head_scores", "flip_subject_number", "number_patching", "path_patching",
+           "mean_ablation"]
 
 SCORE_NAMES = ("previous", "bos", "agreement", "coreference", "induction")
 
@@ -43,28 +41,6 @@ def grammar_head_scores(model, n=256, seed=0):
     """
     text = sample_sequences(n, seed, model.config.seq_len, stream=EVAL_STREAM)
     return head_scores(model, text.tokens, SCORE_NAMES, relations=text.relations)
-
-
-def ablation_measure(model, agreement_probes, coreference_probes, *, n=256, seed=0):
-    """What an ablation costs the language model: a ``measure`` for :func:`mhalib.interpret.ablation_table`.
-
-    Args:
-        model: a language :class:`~mhalib.decoder.Decoder`.
-        agreement_probes, coreference_probes: :class:`~mhalib.language.probes.ProbeSet`.
-        n, seed: the text for the loss (:func:`~mhalib.language.training.loss_by_role`).
-
-    Returns:
-        ``fn(ablate) -> dict`` with ``"loss"``, ``"loss_agreement"``, ``"loss_coreference"``,
-        ``"loss_relation"``, ``"loss_other"`` and the probe accuracies ``"agreement"``,
-        ``"coreference"``.
-    """
-    def measure(ablate):
-        loss = loss_by_role(model, n, seed, ablate)
-        return {"loss": loss["all"], **{f"loss_{k}": loss[k] for k in ("agreement", "coreference", "relation",
-                                                                          "other")},
-                "agreement": probe_accuracy(model, agreement_probes, ablate),
-                "coreference": probe_accuracy(model, coreference_probes, ablate)}
-    return measure
 
 
 # ----------------------------------------------------------------------------- interventions

@@ -61,12 +61,14 @@ def train_language(model, steps, *, batch_size=32, lr=3e-3, warmup=100, seed=0, 
         seed: seeds the training text (``make_rng(seed, TRAIN_STREAM)``) and dropout.
         threads: CPU threads while training (``None`` keeps torch's setting).
         progress: show a progress bar (a widget in Jupyter, text in a terminal).
-        callback: optional ``fn(step, model)`` after every step (step counts from 1).
+        callback: optional ``fn(step, model)`` after every step (step counts from 1); if it
+            returns True, training stops there.
         stop_after: stop after this many steps, keeping the schedule of ``steps`` (the
             first steps of a long run, e.g. to check that a run starts as recorded).
 
     Returns:
-        dict with ``"loss"``: the training loss of every step (floats).
+        dict with ``"loss"`` and ``"accuracy"`` (next-token, on that step's batch): one float
+        per step (:func:`mhalib.fit.fit`).
     """
     if not isinstance(model, Decoder):
         raise ValueError(f"train_language trains a Decoder (new_language_model); got {type(model).__name__}")

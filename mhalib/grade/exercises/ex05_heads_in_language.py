@@ -1,7 +1,7 @@
 """Exercise 05: a head score from attention weights, and one ablation measured (NumPy).
 
 * ``relation_score(weights, pairs)``: how much of each head's weight goes from the query
-  that predicts a word onto the word it depends on (``mhalib.language.relation_score``
+  that predicts a word onto the word it depends on (``mhalib.interpret.relation_score``
   for one layer);
 * ``probe_accuracy_from_logits(logits, positions, correct, wrong)``: the share of probe
   items whose right form gets the higher logit (``mhalib.language.probe_accuracy``, from
@@ -10,7 +10,8 @@
   zeroing a head costs: the accuracy it takes away and the average loss it adds, in nats.
 
 The cases are random arrays of the shapes the model produces; the references are written
-here in NumPy, and the tests check them against ``mhalib.language`` on the shipped model.
+here in NumPy, and the tests check them against ``mhalib.interpret`` and ``mhalib.language``
+on the shipped model.
 """
 
 from __future__ import annotations
