@@ -80,10 +80,10 @@ def load_model(path, hint=""):
                          f"a checkpoint saved before the course had one model class must be saved again "
                          f"with save_model; got {config!r}")
     model = Decoder(DecoderConfig(**config))
-    state = torch.load(pt, weights_only=True)
-    if set(state) != set(model.state_dict()):
+    state, expected = torch.load(pt, weights_only=True), set(model.state_dict())
+    if set(state) != expected:
         raise ValueError(f"{pt} does not hold the weights its config describes: missing "
-                         f"{sorted(set(model.state_dict()) - set(state))}, unexpected {sorted(set(state) - set(model.state_dict()))}")
+                         f"{sorted(expected - set(state))}, unexpected {sorted(set(state) - expected)}")
     model.load_state_dict(state)
     model.eval()
     model.metadata = meta

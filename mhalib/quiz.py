@@ -75,7 +75,8 @@ QUESTIONS: dict = {}
 def _load(path=DATA_DIR / "quiz.json"):
     """Read the questions from their data file into :data:`QUESTIONS` (each checked by :class:`Question`)."""
     for q in json.loads(path.read_text(encoding="utf-8"))["questions"]:
-        question = Question(q["id"], q["prompt"], tuple(Choice(c["text"], c["correct"], c["why"]) for c in q["choices"]))
+        choices = tuple(Choice(c["text"], c["correct"], c["why"]) for c in q["choices"])
+        question = Question(q["id"], q["prompt"], choices)
         if question.id in QUESTIONS:
             raise ValueError(f"question {question.id!r} appears twice in {path.name}")
         QUESTIONS[question.id] = question

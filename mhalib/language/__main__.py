@@ -167,8 +167,8 @@ def measure(model, seed=EVAL["seed"]):
 
     def row(ablate):
         loss = loss_by_role(model, EVAL["n_sequences"], seed, ablate)
-        return {"loss": loss["all"], **{f"loss_{k}": v for k, v in loss.items() if k != "all" and not k.startswith("share")},
-                **accuracies(model, sets, ablate)}
+        by_role = {f"loss_{k}": v for k, v in loss.items() if k != "all" and not k.startswith("share")}
+        return {"loss": loss["all"], **by_role, **accuracies(model, sets, ablate)}
 
     rows = ablation_table(model, row)
     scores = grammar_head_scores(model, EVAL["n_sequences"], seed)

@@ -1,4 +1,4 @@
-"""Which head does what in the language model: the grammar's scores, its ablation measure, patching.
+"""Which head does what in the language model: the grammar's head scores, and the patching that tests them.
 
 The measuring tools themselves are the course's one set, in :mod:`mhalib.interpret`
 (:func:`~mhalib.interpret.head_scores`, :func:`~mhalib.interpret.ablation_table`,
