@@ -11,7 +11,7 @@ import numpy as np
 
 from mhalib.grade.spec import (
     ATTENTION_FORBIDDEN, Case, Exercise, Graded,
-    check_array, check_decode_step, check_pair, close, describe, match_variant,
+    check_array, check_decode_step, check_pair, close, match_variant,
 )
 
 KEY = "09_beyond_gqa"
