@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from mhalib.kv_cache import KVCache
+from mhalib.runtime import measuring
 
 __all__ = ["Generation", "generate", "new_caches"]
 
@@ -79,21 +80,16 @@ def generate(model, prompt, max_new_tokens, *, use_cache=True):
                          f"(seq_len={limit}); got max_new_tokens={max_new_tokens}")
     caches = new_caches(model) if use_cache else None
     tokens, chosen_from, kv_rows = prompt, [], 0
-    was_training = model.training
-    model.eval()  # no dropout while generating; the model's mode is given back below
-    try:
-        with torch.no_grad():
-            step_input = prompt  # prefill: the whole prompt once
-            for _ in range(max_new_tokens):
-                if not use_cache:
-                    step_input = tokens  # recompute: the whole sequence so far, every step
-                logits = model(step_input, kv_caches=caches)  # (B, N_step, vocab_size)
-                kv_rows += step_input.shape[1]
-                last = logits[:, -1]  # (B, vocab_size): the prediction for the next position
-                chosen_from.append(last)
-                next_token = last.argmax(dim=-1, keepdim=True)  # (B, 1)
-                tokens = torch.cat([tokens, next_token], dim=1)  # (B, N + steps)
-                step_input = next_token  # decode: one token a step
-    finally:
-        model.train(was_training)
+    with measuring(model):  # no dropout while generating; the model's mode is given back
+        step_input = prompt  # prefill: the whole prompt once
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                step_input = tokens  # recompute: the whole sequence so far, every step
+            logits = model(step_input, kv_caches=caches)  # (B, N_step, vocab_size)
+            kv_rows += step_input.shape[1]
+            last = logits[:, -1]  # (B, vocab_size): the prediction for the next position
+            chosen_from.append(last)
+            next_token = last.argmax(dim=-1, keepdim=True)  # (B, 1)
+            tokens = torch.cat([tokens, next_token], dim=1)  # (B, N + steps)
+            step_input = next_token  # decode: one token a step
     return Generation(tokens, torch.stack(chosen_from, dim=1), kv_rows, caches)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mhalib.runtime import num_threads
+from mhalib.runtime import measuring
 
 __all__ = [
     "previous_token_score",
@@ -246,16 +246,9 @@ def _tokens_tensor(tokens):
 
 
 def _measured(model, tokens, threads, **options):
-    """One run of ``model`` in eval mode (no dropout), without gradients; its mode given back."""
-    import torch
-
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), num_threads(threads):
-            return model(_tokens_tensor(tokens), **options)
-    finally:
-        model.train(was_training)
+    """One run of ``model`` on ``tokens``, measuring (:func:`mhalib.runtime.measuring`)."""
+    with measuring(model, threads):
+        return model(_tokens_tensor(tokens), **options)
 
 
 def attention_weights(model, tokens, ablate=None, *, threads=1):

@@ -1,4 +1,4 @@
-"""Plumbing shared by every training and measuring loop: CPU threads and progress bars.
+"""Plumbing shared by every training and measuring loop: CPU threads, measuring mode, progress bars.
 
 Importing it loads neither torch nor tqdm (each is imported on first use), so NumPy-only
 modules such as :mod:`mhalib.interpret` stay quick to import.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-__all__ = ["num_threads", "progress_bar"]
+__all__ = ["num_threads", "measuring", "progress_bar"]
 
 
 @contextlib.contextmanager
@@ -59,3 +59,23 @@ def num_threads(n):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def measuring(model, threads=None):
+    """Run the block with ``model`` in eval mode (no dropout) and without gradients.
+
+    ``threads``: CPU threads for the block (``None`` leaves torch's setting). The model's mode
+    and the thread count are given back when the block ends, also when it raises. Every
+    measurement of a model in the course (evaluation, losses, probes, head scores, generation)
+    runs inside one.
+    """
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), num_threads(threads):
+            yield model
+    finally:
+        model.train(was_training)

@@ -436,3 +436,16 @@ def test_training_curves_figure():
     assert len(fig.axes[0].lines) >= 2
     fig2 = uptraining_curves({"m": ([0, 1, 2], [3.0, 1.0, 0.5])}, reference=0.1, marks={"5%": 1})
     assert fig2.axes[0].get_yscale() == "log" and fig2.axes[0].get_xlabel() == "uptraining step"
+
+
+def test_measuring_gives_the_mode_and_the_threads_back_also_after_an_error():
+    from mhalib.runtime import measuring
+
+    model = small_model().train()
+    before = torch.get_num_threads()
+    with measuring(model, threads=1):
+        assert not model.training and not torch.is_grad_enabled() and torch.get_num_threads() == 1
+    assert model.training and torch.is_grad_enabled() and torch.get_num_threads() == before
+    with pytest.raises(RuntimeError, match="inside"), measuring(model, threads=1):
+        raise RuntimeError("inside")
+    assert model.training and torch.get_num_threads() == before

@@ -17,7 +17,7 @@ import torch
 
 from mhalib.decoder import Decoder
 from mhalib.fit import fit, next_token_loss
-from mhalib.runtime import num_threads
+from mhalib.runtime import measuring
 from mhalib.copytask.model import copy_task_config
 from mhalib.copytask.tasks import CopyTask, make_generator, variable_offset_task
 
@@ -73,7 +73,6 @@ def train(model, task=None, steps=3000, *, batch_size=64, lr=3e-3, seed=0, threa
                progress=progress, desc=desc, callback=callback)
 
 
-@torch.no_grad()
 def evaluate(model, task=None, *, batch_size=1024, seed=12345, ablate=None, z_hook=None, threads=1):
     """Loss and accuracy at the copy positions of one fixed, seeded evaluation batch.
 
@@ -90,11 +89,8 @@ def evaluate(model, task=None, *, batch_size=1024, seed=12345, ablate=None, z_ho
     """
     task = variable_offset_task() if task is None else task
     tokens, mask = task.sample(batch_size, make_generator(seed))  # (B, N), (B, N)
-    was_training = model.training
-    model.eval()
-    with num_threads(threads):
+    with measuring(model, threads):
         loss, accuracy = next_token_loss(model(tokens, ablate=ablate, z_hook=z_hook), tokens, mask)
-    model.train(was_training)
     return {"loss": loss.item(), "accuracy": accuracy}
 
 

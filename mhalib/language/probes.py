@@ -30,7 +30,7 @@ import torch
 from mhalib.language.grammar import (NAMES, PEOPLE, SEQ_LEN, THINGS, VOCAB, WORD_TO_ID, Grammar, _plural,
                                      decode, encode, make_rng, sample_sequences)
 from mhalib.language.training import TRAIN_STREAM
-from mhalib.runtime import num_threads
+from mhalib.runtime import measuring
 
 __all__ = ["PROBE_KINDS", "HELD_OUT", "CONTROL", "ProbeSet", "make_probe_set", "shallow_baselines", "probe_tokens", "probe_margins", "margins_from_logits", "probe_accuracy",
            "Bigram"]
@@ -208,7 +208,6 @@ def probe_tokens(probes):
     return torch.as_tensor(probes.tokens[:, : int(probes.positions.max())])  # (n, N')
 
 
-@torch.no_grad()
 def probe_margins(model, probes, ablate=None, *, threads=1, replace_z=None, replace_weights=None):
     """``log p(right) - log p(wrong)`` for every item: positive means the model is right.
 
@@ -223,11 +222,8 @@ def probe_margins(model, probes, ablate=None, *, threads=1, replace_z=None, repl
         NumPy ``(n,)`` float64, in nats.
     """
     tokens = probe_tokens(probes)  # (n, N')
-    was_training = model.training
-    model.eval()
-    with num_threads(threads):
+    with measuring(model, threads):
         logits = model(tokens, ablate=ablate, replace_z=replace_z, replace_weights=replace_weights)  # (n, N', V)
-    model.train(was_training)
     return margins_from_logits(logits.numpy(), probes.positions, probes.correct, probes.wrong)
 
 

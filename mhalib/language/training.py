@@ -20,7 +20,7 @@ from mhalib.decoder import Decoder
 from mhalib.fit import fit, warmup_cosine
 from mhalib.language.grammar import Grammar, encode, make_rng, sample_sequences
 from mhalib.language.model import language_config
-from mhalib.runtime import num_threads
+from mhalib.runtime import measuring
 
 __all__ = [
     "TRAIN_STREAM",
@@ -80,7 +80,6 @@ def train_language(model, steps, *, batch_size=32, lr=3e-3, warmup=100, seed=0, 
                stop_after=stop_after)
 
 
-@torch.no_grad()
 def token_losses(model, tokens, ablate=None, *, threads=1):
     """Cross-entropy of every next-token prediction.
 
@@ -94,11 +93,8 @@ def token_losses(model, tokens, ablate=None, *, threads=1):
         from the tokens before it; column 0 (``<bos>``, never predicted) is NaN.
     """
     tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
-    was_training = model.training
-    model.eval()
-    with num_threads(threads):
+    with measuring(model, threads):
         logits = model(tokens, ablate=ablate)  # (B, N, V)
-    model.train(was_training)
     logp = torch.log_softmax(logits[:, :-1].double(), dim=-1)  # (B, N-1, V)
     nll = -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, N-1)
     out = np.full(tokens.shape, np.nan)
