@@ -32,7 +32,7 @@ from mhalib.attention import GroupedQueryAttention
 from mhalib.kv_cache import cached_length
 from mhalib.validation import check_divisible
 
-__all__ = ["DecoderConfig", "Block", "Decoder", "check_ablate", "POSITIONS", "INIT_STD"]
+__all__ = ["DecoderConfig", "make_config", "Block", "Decoder", "check_ablate", "POSITIONS", "INIT_STD"]
 
 INIT_STD = 0.02  # every weight matrix starts as N(0, 0.02^2), as in GPT-2
 #: Where the learned positions go: into the residual stream, or into the queries and keys only.
@@ -87,6 +87,18 @@ class DecoderConfig:
     def head_dim(self):
         """d_head = d_model / num_heads."""
         return self.d_model // self.num_heads
+
+
+def make_config(defaults, **overrides):
+    """A :class:`DecoderConfig` from a family's ``defaults`` (a dict of fields) with ``overrides``.
+
+    A field that :class:`DecoderConfig` does not have raises ValueError naming the allowed ones.
+    """
+    fields = set(DecoderConfig.__dataclass_fields__)
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"unknown config fields {unknown}; allowed: {sorted(fields)}")
+    return DecoderConfig(**{**defaults, **overrides})
 
 
 class Block(nn.Module):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from mhalib.checkpoints import load_model
 from mhalib.data import DATA_DIR
-from mhalib.decoder import DecoderConfig
+from mhalib.decoder import make_config
 from mhalib.language.grammar import SEQ_LEN, VOCAB
 
 __all__ = ["language_config", "load_language_model", "SHIPPED", "SHIPPED_SEEDS", "shipped_path"]
@@ -43,13 +43,9 @@ def language_config(**overrides):
     None: as many as heads), 2 layers, MLP and LayerNorm, positions in the stream, no dropout.
     ``head_dim`` is ``d_model // num_heads``: at fixed ``d_model`` more heads are narrower.
     """
-    fields = set(DecoderConfig.__dataclass_fields__)
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise ValueError(f"unknown config fields {unknown}; allowed: {sorted(fields)}")
-    return DecoderConfig(**{"vocab_size": len(VOCAB), "seq_len": SEQ_LEN, "d_model": 64, "num_heads": 4,
-                            "num_kv_heads": None, "num_layers": 2, "mlp": True, "layer_norm": True,
-                            "positions": "residual", "dropout": 0.0, **overrides})
+    return make_config({"vocab_size": len(VOCAB), "seq_len": SEQ_LEN, "d_model": 64, "num_heads": 4,
+                        "num_kv_heads": None, "num_layers": 2, "mlp": True, "layer_norm": True,
+                        "positions": "residual", "dropout": 0.0}, **overrides)
 
 
 def load_language_model(path=None, *, seed=0):

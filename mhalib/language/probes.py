@@ -93,15 +93,6 @@ HELD_OUT = {"agreement": ("pp_pp", "intro_pp2"), "coreference": ("intro_pp2",)}
 CONTROL = {"agreement": ("none",)}
 
 
-def _intro_np(answer_kind):
-    """The introduction's noun: a thing of random number, or a person of random gender.
-
-    Its feature is drawn independently of the answer, so that "the first noun of the
-    sentence" is right on about half of the items, not on all of them.
-    """
-    return {"kind": "thing"} if answer_kind == "number" else {"kind": "person"}
-
-
 def _agreement_item(grammar, rng, construction):
     number = grammar._choice(rng, ("sg", "pl"))  # balanced: half the subjects are plural
     subject = "thing" if number == "pl" else grammar._choice(rng, {"thing": 0.5, "person": 0.25, "name": 0.25})
