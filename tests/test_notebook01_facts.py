@@ -3,7 +3,10 @@
 * the worked example (T=3, d=4, two heads of size 2, causal mask) has the values the
   notebook prints, computed by an explicit loop and by torch's fused SDPA;
 * the published attention weights the notebook asks learners to check are not the
-  softmax of the example's scores at any single scale;
+  softmax of the example's scores at any single scale, and the notebook names where they
+  were published;
+* the notebook defines a head (Q, K, V, value vectors) before it argues what one head
+  cannot do, and defines each term of that argument where it first uses it;
 * the solution notebook's graded functions behave like the library's reference, and
   the generated exercise's stubs raise NotImplementedError.
 """
@@ -11,6 +14,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import nbformat
@@ -84,6 +88,41 @@ def test_published_rows_are_no_softmax_of_the_scores():
         implied.append(math.log(values[row] / values[0]) / (raw[row, row] - raw[row, 0]))
     assert abs(implied[0] - implied[1]) > 0.5  # no single scale explains both rows
     assert all(abs(c - 1 / math.sqrt(2)) > 0.2 for c in implied)
+
+
+def _markdown(path):
+    return [cell.source for cell in nbformat.read(path, as_version=4).cells if cell.cell_type == "markdown"]
+
+
+def test_the_published_example_is_named_where_the_notebook_shows_it():
+    shown = [source for source in _markdown(ROOT / "notebooks" / NAME) if "0.414" in source]
+    assert shown, "no markdown cell shows the published A1"
+    text = " ".join(shown[0].split())  # prose wraps lines anywhere
+    for part in ("GPT Explained", "Ju Lin", "2026", "The Matrix: Worked Example"):
+        assert part in text, f"the cell that shows the published A1 does not name {part!r}"
+
+
+# The terms of the argument for several heads, each as it is defined (in italics) where first used.
+ARGUMENT_TERMS = {"value vector": r"value vector", "bilinear form": r"bilinear", "convex mix": r"convex",
+                  "rank": r"\brank\b"}
+
+
+def test_notebook_01_defines_a_head_before_it_argues_for_several():
+    cells = _markdown(ROOT / "notebooks" / NAME)
+
+    def first(pattern):
+        found = [i for i, source in enumerate(cells) if re.search(pattern, source)]
+        assert found, f"notebook 01 never mentions {pattern!r}"
+        return found[0]
+
+    recipe = first(r"V = X W_v")  # the cell that defines the projections Q, K, V
+    argument = first(r"What one head can hold")
+    assert recipe < argument, "the argument for several heads comes before the recipe of one head"
+    for term, pattern in ARGUMENT_TERMS.items():
+        at = first(pattern)
+        assert at >= recipe, f"{term!r} is used (markdown cell {at}) before Q, K, V are defined (cell {recipe})"
+        assert f"*{term}*" in cells[at], f"{term!r} is not defined where it is first used (markdown cell {at})"
+    assert first(r"W_v") >= recipe
 
 
 def _functions_from(path, names):
