@@ -82,7 +82,7 @@ def convert_kv(model, num_kv_heads, method="mean", *, seed=0):
         seed: seeds the fresh weights of ``"random"``.
 
     Returns:
-        a new Decoder with ``num_kv_heads=g``, in eval mode; everything but the K and V
+        a new Decoder with ``num_kv_heads=g``, in eval mode and in the model's dtype; everything but the K and V
         projections (embeddings, positions, queries, outputs, MLPs, LayerNorms) is a copy.
     """
     if method not in METHODS:
@@ -93,7 +93,8 @@ def convert_kv(model, num_kv_heads, method="mean", *, seed=0):
     old_layers = attention_modules(model)
     current = config.num_kv_heads
     check_divisible(current, num_kv_heads, "the model's num_kv_heads", "num_kv_heads")
-    new = Decoder(replace(config, num_kv_heads=num_kv_heads))
+    dtype = next(model.parameters()).dtype
+    new = Decoder(replace(config, num_kv_heads=num_kv_heads)).to(dtype)  # a float64 model stays float64
     state = {k: v for k, v in model.state_dict().items() if not k.endswith(("k_proj.weight", "v_proj.weight"))}
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -106,7 +107,7 @@ def convert_kv(model, num_kv_heads, method="mean", *, seed=0):
                     merged = first_head_kv(w, current, num_kv_heads)  # (g * d_head, d_model)
                 else:
                     shape = getattr(layer, name).weight.shape
-                    merged = torch.randn(shape, generator=generator) * INIT_STD  # (g * d_head, d_model)
+                    merged = torch.randn(shape, generator=generator).to(dtype) * INIT_STD  # (g * d_head, d_model)
                 getattr(layer, name).weight.copy_(merged)
     missing, unexpected = new.load_state_dict(state, strict=False)
     assert not unexpected and all(k.endswith(("k_proj.weight", "v_proj.weight")) for k in missing)

@@ -14,6 +14,7 @@ from mhalib import np_attention as npa
 from mhalib.sentences import SENTENCES, demo_weights, embed, tokens_of
 from mhalib.widgets import common
 from mhalib.widgets import mha
+from tolerance import float_tol
 from mhalib.widgets.mha import (
     D_MODEL_OPTIONS,
     MAX_HEADS,
@@ -329,7 +330,7 @@ def test_trained_heads_are_the_language_models_own_beside_random_ones_of_its_siz
         assert view.ok and view.data["num_heatmaps"] == 2 * model.num_heads
         with torch.no_grad():
             _, weights = model(torch.tensor([encode(words)]), return_weights=True)  # (1, L, H, N, N)
-        np.testing.assert_allclose(view.data["trained"], weights[0, layer].numpy(), atol=1e-6)
+        np.testing.assert_allclose(view.data["trained"], weights[0, layer].numpy(), **float_tol(np.float32, 2 * (3 * 64 + 4 * 64) + 16))
         rand = view.data["random"]  # (H, N, N): the demo projections at the model's d_model, causal
         assert rand.shape == view.data["trained"].shape
         assert np.allclose(np.triu(rand, 1), 0.0) and np.allclose(rand.sum(-1), 1.0)
