@@ -15,8 +15,19 @@ the latents directly. :meth:`MultiHeadLatentAttention.forward` computes both for
 The attribute names are Hugging Face's ``DeepseekV3Attention``'s (``q_proj`` or ``q_a_proj``,
 ``q_a_layernorm``, ``q_b_proj``; ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``;
 ``o_proj``), and so are the configuration's (``q_lora_rank``, ``kv_lora_rank``,
-``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``): a state dict with those keys loads
-strictly. Rotary positions use the ``half`` pairing (:mod:`mhalib.rope`).
+``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``, ``rope_interleave``): a state dict
+with those keys loads strictly.
+
+A strict load checks names and shapes, not meaning: the rotary rows of the query projection
+(``q_proj`` or ``q_b_proj``) and of ``kv_a_proj_with_mqa`` are written for one pairing of RoPE
+(:mod:`mhalib.rope`), and the same tensors load into a module of the other pairing and compute
+other scores. DeepSeek's checkpoints use interleaved pairs ``(2i, 2i + 1)`` (the complex form
+of DeepSeek's inference code), as Hugging Face's ``DeepseekV3Config`` does by default
+(``rope_interleave=True``), and so does this module by default; ``rope_interleave=False``
+pairs the halves (``rotate_half``). For a checkpoint, build the module with
+:meth:`MultiHeadLatentAttention.from_config` from its configuration: it reads the pairing and
+refuses what this module does not compute (YaRN's rescaled frequencies and its softmax factor
+``mscale``; biases).
 
 Shapes: B batch, N new tokens, T cached tokens, H heads, r = kv_lora_rank, d_nope, d_rope, d_v.
 """
@@ -24,6 +35,7 @@ Shapes: B batch, N new tokens, T cached tokens, H heads, r = kv_lora_rank, d_nop
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -41,6 +53,11 @@ DEEPSEEK_V3 = dict(
            "num_attention_heads 128, hidden_size 7168, q_lora_rank 1536, kv_lora_rank 512, "
            "qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128)",
 )
+
+
+_REQUIRED = object()  # a configuration field without a default
+_CONFIG_FIELDS = ("hidden_size", "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                  "qk_rope_head_dim", "v_head_dim")
 
 
 def _positive_int(value, name, *, allow_zero=False):
@@ -70,7 +87,10 @@ def mla_cache_bytes(num_layers, kv_lora_rank, qk_rope_head_dim, num_tokens=1, ba
 
 
 class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis, in float32 at least (as Hugging Face's).
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis, in float32 at least.
+
+    Hugging Face's ``DeepseekV3RMSNorm`` computes in float32 whatever the input, float64 too;
+    this one keeps float64 (on float16, bfloat16 and float32 inputs the two compute alike).
 
     Attributes:
         weight: ``(dim,)``, ones at first.
@@ -137,7 +157,10 @@ class MultiHeadLatentAttention(nn.Module):
         v_head_dim: each head's value width.
         q_lora_rank: ``None`` for one ``q_proj``; else queries go through a latent of this width too
             (``q_a_proj``, ``q_a_layernorm``, ``q_b_proj``).
-        rope_base: base of the rotary frequencies.
+        rope_base: base of the rotary frequencies (``rope_theta``).
+        rope_interleave: ``True`` (the default, as Hugging Face's ``DeepseekV3Config`` and
+            DeepSeek's checkpoints): rotary pairs ``(2i, 2i + 1)``; ``False``: pairs
+            ``(i, i + d_rope / 2)`` (``rotate_half``). See :func:`mhalib.rope.apply_rope`.
 
     Attributes:
         q_proj ``(H * (d_nope + d_rope), d_model)`` or q_a_proj ``(q_lora_rank, d_model)``,
@@ -147,7 +170,7 @@ class MultiHeadLatentAttention(nn.Module):
     """
 
     def __init__(self, d_model, num_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim,
-                 q_lora_rank=None, rope_base=10000.0):
+                 q_lora_rank=None, rope_base=10000.0, rope_interleave=True):
         super().__init__()
         self.d_model = _positive_int(d_model, "d_model")
         self.num_heads = _positive_int(num_heads, "num_heads")
@@ -160,6 +183,11 @@ class MultiHeadLatentAttention(nn.Module):
         self.q_lora_rank = None if q_lora_rank is None else _positive_int(q_lora_rank, "q_lora_rank")
         self.qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
         self.rope_base = float(rope_base)
+        if not isinstance(rope_interleave, (bool, np.bool_)):
+            raise ValueError(f"rope_interleave must be True (pairs 2i, 2i + 1: DeepSeek's checkpoints) or False "
+                             f"(pairs i, i + d/2: rotate_half); got rope_interleave={rope_interleave!r}")
+        self.rope_interleave = bool(rope_interleave)
+        self.rope_convention = "interleaved" if self.rope_interleave else "half"  # mhalib.rope's name
         h = self.num_heads
         if self.q_lora_rank is None:
             self.q_proj = nn.Linear(self.d_model, h * self.qk_head_dim, bias=False)
@@ -176,20 +204,85 @@ class MultiHeadLatentAttention(nn.Module):
         """The sizes shown in the module's repr."""
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, q_lora_rank={self.q_lora_rank}, "
                 f"kv_lora_rank={self.kv_lora_rank}, qk_nope_head_dim={self.qk_nope_head_dim}, "
-                f"qk_rope_head_dim={self.qk_rope_head_dim}, v_head_dim={self.v_head_dim}")
+                f"qk_rope_head_dim={self.qk_rope_head_dim}, v_head_dim={self.v_head_dim}, "
+                f"rope_base={self.rope_base:g}, rope_interleave={self.rope_interleave}")
+
+    @classmethod
+    def from_config(cls, config):
+        """The attention layer that a Hugging Face DeepSeek-V3 configuration describes.
+
+        Reads ``hidden_size``, ``num_attention_heads``, ``q_lora_rank``, ``kv_lora_rank``,
+        ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``, ``rope_interleave`` (absent:
+        ``True``, Hugging Face's default; ``None`` counts as ``False``, as there) and the rotary
+        settings: ``rope_parameters`` (transformers 5) or ``rope_theta`` and ``rope_scaling``
+        (a checkpoint's ``config.json``). Refuses, with a ``ValueError`` naming the field, what
+        this module does not compute, so that loading the checkpoint's weights afterwards never
+        computes something else: any rotary type but ``"default"`` (DeepSeek-V3 ships with
+        ``"yarn"``: rescaled frequencies and a softmax factor ``mscale``), and
+        ``attention_bias=True``.
+
+        Args:
+            config: a ``transformers`` ``DeepseekV3Config`` (or any object with those
+                attributes), or a mapping such as the parsed ``config.json``.
+
+        Returns:
+            A new :class:`MultiHeadLatentAttention` (random weights; load the checkpoint's
+            state dict into it).
+        """
+        def field(name, default=_REQUIRED):
+            value = config.get(name, default) if isinstance(config, Mapping) else getattr(config, name, default)
+            if value is _REQUIRED:
+                raise ValueError(f"the configuration has no {name!r}; a DeepSeek-V3 configuration names "
+                                 f"{', '.join(_CONFIG_FIELDS)}")
+            return value
+
+        rope, rope_field = field("rope_parameters", None), "rope_parameters"
+        if not rope:  # a config.json of transformers 4's format: rope_theta and rope_scaling apart
+            rope_field = "rope_scaling"
+            rope = dict(field("rope_scaling", None) or {}, rope_theta=field("rope_theta", 10000.0))
+        if not isinstance(rope, Mapping):
+            raise ValueError(f"{rope_field} must be a mapping of the rotary settings; got {rope!r}")
+        rope_type = rope.get("rope_type", rope.get("type")) or "default"
+        if rope_type != "default":
+            raise ValueError(
+                f"{rope_field}={dict(rope)!r}: rope_type {rope_type!r} is not implemented here; this module "
+                f"computes plain RoPE (rope_type 'default'), so the checkpoint's scaled frequencies and "
+                f"softmax factor (mscale) would be ignored and its weights would compute something else")
+        if field("attention_bias", False):
+            raise ValueError("attention_bias=True: this module's projections have no biases (DeepSeek-V3's "
+                             "configuration has attention_bias=False); allowed: attention_bias=False")
+        interleave = field("rope_interleave", True)
+        if interleave is not None and not isinstance(interleave, (bool, np.bool_)):
+            raise ValueError(f"rope_interleave must be True, False or None (read as False, as Hugging Face "
+                             f"does); got rope_interleave={interleave!r}")
+        return cls(d_model=field("hidden_size"), num_heads=field("num_attention_heads"),
+                   kv_lora_rank=field("kv_lora_rank"), qk_nope_head_dim=field("qk_nope_head_dim"),
+                   qk_rope_head_dim=field("qk_rope_head_dim"), v_head_dim=field("v_head_dim"),
+                   q_lora_rank=field("q_lora_rank"), rope_base=rope.get("rope_theta", 10000.0),
+                   rope_interleave=bool(interleave))
 
     def queries(self, x, positions):
-        """``x (B, N, d_model)`` -> ``q_nope (B, H, N, d_nope)``, ``q_rope (B, H, N, d_rope)`` (rotated)."""
+        """``x (B, N, d_model)`` -> ``q_nope (B, H, N, d_nope)``, ``q_rope (B, H, N, d_rope)``.
+
+        ``q_rope`` is rotated by ``positions`` ``(N,)`` in the module's pairing (``rope_convention``).
+        """
         b, n, _ = x.shape
         q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(b, n, self.num_heads, self.qk_head_dim).transpose(1, 2)  # (B, H, N, d_nope + d_rope)
         q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-        return q_nope, apply_rope(q_rope, positions, self.rope_base)  # (B, H, N, d_nope), (B, H, N, d_rope)
+        q_rope = apply_rope(q_rope, positions, self.rope_base, self.rope_convention)  # (B, H, N, d_rope)
+        return q_nope, q_rope  # (B, H, N, d_nope), (B, H, N, d_rope)
 
     def latents(self, x, positions):
-        """``x (B, N, d_model)`` -> what is cached: ``latent (B, N, r)`` (normalised), ``rope_key (B, N, d_rope)`` (rotated)."""
+        """``x (B, N, d_model)`` -> what is cached: ``latent (B, N, r)`` (normalised), ``rope_key (B, N, d_rope)``.
+
+        ``rope_key`` is rotated by ``positions`` ``(N,)`` in the module's pairing, entries in
+        their original order (Hugging Face caches the same numbers of an interleaved key with
+        the even entries first).
+        """
         c, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
-        return self.kv_a_layernorm(c), apply_rope(k_rope, positions, self.rope_base)  # (B, N, r), (B, N, d_rope)
+        k_rope = apply_rope(k_rope, positions, self.rope_base, self.rope_convention)  # (B, N, d_rope)
+        return self.kv_a_layernorm(c), k_rope  # (B, N, r), (B, N, d_rope)
 
     def up_projections(self):
         """``(W_uk, W_uv)``: ``(H, d_nope, r)`` and ``(H, d_v, r)``, the heads' rows of ``kv_b_proj``."""
