@@ -156,10 +156,23 @@ exercises: $(STAMP)
 
 # A learner grades their own notebook: the same checks and points as a class run, with the
 # code run as themselves (no sandbox needed; bubblewrap is for grading other people's work).
+# NB is read from the folder make was started in, also with make -C COURSE_FOLDER grade: make
+# runs the recipe in the course folder, $(CURDIR), and keeps the shell's PWD, the folder the
+# learner was in. Without -C (which turns on make's -w, in MAKEFLAGS) that folder is $(CURDIR)
+# itself, whatever a stale PWD says. A relative NB that is not there is read from $(CURDIR).
 NB ?=
 grade: $(STAMP)
 	@test -n "$(NB)" || { echo "make grade NB=FILE.ipynb: name the notebook to grade, e.g. make grade NB=exercises/01_single_head_attention.ipynb" >&2; exit 2; }
-	$(PY) -m mhalib.grade --no-isolation "$(NB)"
+	@nb="$(NB)"; here="$(PWD)"; dash_c="$(findstring w,$(filter-out -%,$(firstword $(MAKEFLAGS))))"; \
+	case "$$nb" in /*) ;; *) \
+	  if [ -z "$$dash_c" ] && [ -e "$$nb" ]; then :; \
+	  elif [ -n "$$here" ] && [ "$$here" != "$(CURDIR)" ] && [ -e "$$here/$$nb" ]; then nb="$$here/$$nb"; fi;; \
+	esac; \
+	if [ ! -e "$$nb" ]; then \
+	  echo "make grade: no notebook NB=$(NB) in $${here:-$(CURDIR)} (where make was started)$$([ "$${here:-$(CURDIR)}" = "$(CURDIR)" ] || echo ", nor in $(CURDIR) (the course folder)")" >&2; exit 2; \
+	fi; \
+	echo "$(PY) -m mhalib.grade --no-isolation \"$$nb\""; \
+	$(PY) -m mhalib.grade --no-isolation "$$nb"
 
 # What learners get: the course without solutions/ (and without the tests and tools that need them).
 student-release: $(STAMP)

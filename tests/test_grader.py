@@ -93,7 +93,7 @@ def test_every_exercise_spec_is_consistent():
                 f"{key}.{g.name}: the inputs do not depend on the grading seed")
 
 
-def test_cli_writes_results_and_csv_and_exits_zero(tmp_path):
+def test_cli_writes_results_and_csv_and_exits_one_for_a_file_not_graded(tmp_path):
     if not SOLUTIONS:
         pytest.skip("no solution notebooks yet")
     sol = SOLUTIONS[0]
@@ -105,7 +105,7 @@ def test_cli_writes_results_and_csv_and_exits_zero(tmp_path):
     cmd = [sys.executable, "-m", "mhalib.grade", str(sol), str(bad), str(broken), "--results", str(results),
            "--csv", str(table), "--jobs", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # not_a_notebook.ipynb was not graded, broken is not readable
     assert "TOTAL" in proc.stdout
     data = json.loads(results.read_text())
     first, second = data["submissions"]
@@ -119,17 +119,18 @@ def test_cli_writes_results_and_csv_and_exits_zero(tmp_path):
     assert f"not graded, left out of the mean (1): {bad}" in proc.stdout, proc.stdout
     rows = list(csv.reader(table.read_text().splitlines()))
     assert rows[0][:4] == ["submission", "exercise", "score", "max_score"] and len(rows) == 4
-    by_path = {row[0]: row for row in rows[1:]}
-    assert by_path[str(broken)][2] == "0" and by_path[str(sol)][2] == f"{first['score']:g}"
-    assert by_path[str(bad)][1:4] == ["", "", ""], "a file that is not graded has no score to average"
-    assert by_path[str(bad)][4].startswith("not graded: ")
+    by_path = {row["submission"]: row for row in csv.DictReader(table.read_text().splitlines())}
+    assert by_path[str(broken)]["score"] == "0" and by_path[str(sol)]["score"] == f"{first['score']:g}"
+    assert [by_path[str(bad)][k] for k in ("exercise", "score", "max_score")] == ["", "", ""], \
+        "a file that is not graded has no score to average"
+    assert by_path[str(bad)]["checks"].startswith("not graded: ")
     proc = subprocess.run(cmd[:4] + ["--results", str(results), "--csv", str(table)],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0
     single = json.loads(results.read_text())
     assert set(single) >= {"score", "tests"} and all(
         set(t) >= {"name", "score", "max_score", "status", "output"} for t in single["tests"])
-    assert len(table.read_text().splitlines()) == 5  # appended, header once
+    assert len(table.read_text().splitlines()) == 4  # the solution's row replaced, the others kept
 
 
 @pytest.mark.parametrize("metadata, filename, key", [

@@ -118,7 +118,7 @@ def test_fake_results_file_is_overwritten_by_the_grader(tmp_path):
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["score"] == MASK_ONLY and len(data["tests"]) == 3
     rows = (tmp_path / "class.csv").read_text().splitlines()
-    assert rows[:2] == ["submission,exercise,score", "old,01,1"] and len(rows) == 3
+    assert rows[0].startswith("submission,exercise,score,") and rows[1].startswith("old,01,1,") and len(rows) == 3
     assert "100" not in rows[2].split(",")[2]
 
 

@@ -131,7 +131,7 @@ def test_cli_results_meet_the_spec(tmp_path):
     broken.write_text("{ not json")
     proc = subprocess.run([sys.executable, "-m", "mhalib.grade", str(broken), "--results", str(tmp_path / "r.json")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # scored 0, and the exit status says it was not readable
     data = json.loads((tmp_path / "r.json").read_text())
     assert check_results(data) == [] and data["score"] == 0 and len(data["tests"]) == 3
     assert check_results({"tests": [{"name": "x", "status": "ok"}]}) != []  # the checker can fail

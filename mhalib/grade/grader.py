@@ -31,7 +31,7 @@ from mhalib.grade.sandbox import Limits, Sandbox, decide
 from mhalib.grade.spec import explain_error, judge_raised, judge_returned
 
 __all__ = ["CheckResult", "SubmissionResult", "grade_notebook", "load_notebook", "read_submission",
-           "NotebookError", "code_cells", "clean"]
+           "NotebookError", "code_cells", "code_cell_labels", "clean"]
 
 MAX_NOTEBOOK_BYTES = 20 << 20
 READ_DEADLINE_S = 10.0  # reading one submission
@@ -70,7 +70,9 @@ class SubmissionResult:
     seconds: float = 0.0
     isolation: str = ""
     refused: bool = False  # no isolation could be had, or not a regular file: not graded
-    syntax_errors: list = field(default_factory=list)  # "cell N, line L: message", reported first
+    # "code cell N (the one starting `...`), line L: message", reported first
+    syntax_errors: list = field(default_factory=list)
+    unreadable: str = ""  # why the file of a known exercise could not be read as a notebook (it scores 0)
 
     @property
     def graded(self):
@@ -234,7 +236,8 @@ def load_notebook(path, data=None):
 
 
 def code_cells(nb):
-    """``[(index, source)]`` of the code cells the grader runs (self-checks skipped)."""
+    """``[(index, source)]`` of the code cells the grader runs (self-checks skipped); ``index``
+    is the cell's position among all the notebook's cells (see :func:`code_cell_labels`)."""
     out = []
     for index, cell in enumerate(c if isinstance(c, dict) else {} for c in nb.get("cells") or []):
         meta, source = cell.get("metadata"), cell.get("source", "")
@@ -244,6 +247,41 @@ def code_cells(nb):
                 and not (isinstance(tags, list) and SKIP_TAGS & {t for t in tags if isinstance(t, str)})):
             out.append((index, source))
     return out
+
+
+def code_cell_labels(nb):
+    """``{index: label}``: each code cell named as a learner finds it in JupyterLab, which
+    numbers no cell: ``"code cell N (the one starting `first line`)"``, N counted from 1 over
+    the notebook's code cells in order (markdown and raw cells are not counted; self-checks
+    and empty cells are); ``index`` is its position among all cells, as in :func:`code_cells`."""
+    labels, number = {}, 0
+    for index, cell in enumerate(c if isinstance(c, dict) else {} for c in nb.get("cells") or []):
+        if cell.get("cell_type") != "code":
+            continue
+        number += 1
+        source = cell.get("source", "")
+        source = "".join(s for s in source if isinstance(s, str)) if isinstance(source, list) else source
+        first = next((line.strip() for line in str(source or "").splitlines() if line.strip()), "")
+        first = clean(first, 40).replace("`", "'")
+        labels[index] = f"code cell {number} " + (f"(the one starting `{first}`)" if first else "(an empty one)")
+    return labels
+
+
+# The sandbox and its child name a cell by its index: "cell 7 ...", "cell 7, line 3: ...",
+# "line 3 of cell 7: ..." (always at the start of their own messages, before any text of the submission).
+_CELL_AT_START = re.compile(r"(?:line (?P<before>\d+) of )?cell (?P<index>\d+)\b(?:, line (?P<after>\d+))?")
+
+
+def relocate(text, labels):
+    """``text`` with the cell reference it starts with (``cell 7``, ``cell 7, line 3``,
+    ``line 3 of cell 7``) as the learner sees that cell: ``code cell 4 (the one starting `def
+    f(x):`), line 3``; any other text unchanged. ``labels``: :func:`code_cell_labels`."""
+    text = str(text)
+    found = _CELL_AT_START.match(text)
+    if not found or int(found["index"]) not in labels:
+        return text
+    line = found["before"] or found["after"]
+    return labels[int(found["index"])] + (f", line {line}" if line else "") + text[found.end():]
 
 
 # ----------------------------------------------------------------------------- grading
@@ -303,7 +341,7 @@ def judge_outcome(graded, case, outcome, call_again):
         inputs changed in place) or ``"stop"`` (no later case can be judged: why).
     """
     name = graded.name
-    message, at = clean(outcome.message), clean(outcome.where, 80)
+    message, at = clean(outcome.message), clean(outcome.where, 120)  # a code cell named as the learner sees it
     if outcome.status == "forbidden":
         return "zero", forbidden_message(name, outcome.hits)
     if outcome.status == "ok":
@@ -329,10 +367,11 @@ def judge_outcome(graded, case, outcome, call_again):
     return "stop", message  # it did not run to the end: the caller names the case
 
 
-def grade_function(sandbox, graded, cases):
+def grade_function(sandbox, graded, cases, labels=None):
     """Run and judge every case of one graded function; returns a :class:`CheckResult`.
 
-    ``cases``: the prepared cases, or the exception raised preparing them.
+    ``cases``: the prepared cases, or the exception raised preparing them; ``labels``:
+    :func:`code_cell_labels`, to name the cell where the learner's code raised as they see it.
     """
     name, points = graded.name, float(graded.points)
     if isinstance(cases, Exception):
@@ -345,7 +384,10 @@ def grade_function(sandbox, graded, cases):
     def call(args, kwargs, case=None):
         params = {**graded.params, **(case.params if case else {}), "signature": graded.signature,
                   "arg_names": list(graded.arg_names)}
-        return sandbox.call(graded.adapter, graded.lookup, tuple(args), dict(kwargs), params, graded.forbidden)
+        outcome = sandbox.call(graded.adapter, graded.lookup, tuple(args), dict(kwargs), params, graded.forbidden)
+        if labels and outcome.where:
+            outcome.where = relocate(outcome.where, labels)
+        return outcome
 
     def call_again(args, kwargs):  # for explain_error: the plain result, or None
         outcome = call(args, kwargs)
@@ -503,6 +545,7 @@ def _grade(result, path, limits, exercise, isolation, slot):
                             f"({isolation.problem})")
         return ex
     if nb is None:
+        result.unreadable = problem
         result.checks = [CheckResult(g.name, 0.0, float(g.points), f"not a readable notebook: {problem}")
                          for g in ex.graded]
         return ex
@@ -510,7 +553,8 @@ def _grade(result, path, limits, exercise, isolation, slot):
     cells = [(index, python) for index, python in ((i, to_python(s, deadline)) for i, s in code_cells(nb))
              if python is not None]
     broken = syntax_errors(cells)
-    result.syntax_errors = [f"cell {index}" + (f", line {line}" if line else "") + f": {message}"
+    labels = code_cell_labels(nb)
+    result.syntax_errors = [labels[index] + (f", line {line}" if line else "") + f": {message}"
                             for index, line, message in broken]
     rng = np.random.default_rng(result.seed)
     sandbox = Sandbox(isolation, cells, preload=ex.preload, forbidden=[g.forbidden for g in ex.graded],
@@ -522,21 +566,22 @@ def _grade(result, path, limits, exercise, isolation, slot):
             prepared = prepared.result()
         for graded in ex.graded:
             try:
-                check = grade_function(sandbox, graded, prepared[graded.name])
+                check = grade_function(sandbox, graded, prepared[graded.name], labels)
             except Exception as exc:  # noqa: BLE001 - a grader bug must still give a result
                 check = CheckResult(graded.name, 0.0, float(graded.points),
                                     f"internal grader error ({type(exc).__name__}: {clean(exc)}); tell your instructor")
             if broken and check.score < check.max_score and "was found" in check.output:
                 index, line, message = broken[0]
-                check.output = "\n".join([f"{graded.lookup} was not defined: cell {index}"
+                check.output = "\n".join([f"{graded.lookup} was not defined: {labels[index]}"
                                            + (f", line {line}" if line else "") + f" has a syntax error ({message}), "
                                            "so that cell did not run"]
                                           + [x for x in check.output.splitlines() if "was found" not in x])
             result.checks.append(check)
     finally:
         sandbox.close()
-    result.notes[:0] = [clean(n, 400) for n in sandbox.notes[:5]]
-    errors = [clean(e, 200) for i, e in sandbox.cell_errors.items() if i not in {b[0] for b in broken}]
+    result.notes[:0] = [clean(relocate(n, labels), 400) for n in sandbox.notes[:5]]
+    errors = [clean(relocate(e, labels), 260) for i, e in sandbox.cell_errors.items()
+              if i not in {b[0] for b in broken}]
     if errors and any(c.status == "failed" for c in result.checks):
         more = [f"... and {len(errors) - 3} more"] if len(errors) > 3 else []
         result.notes.append("errors while running the notebook: " + "; ".join(errors[:3] + more))
