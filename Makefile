@@ -179,13 +179,19 @@ student-release: $(STAMP)
 	$(PY) tools/student_release.py
 
 # nbgrader 0.9.6 in an environment of its own (its pins differ from the course's), which also
-# sees the course and its packages: $(NBGRADER_VENV)/bin/nbgrader.
+# sees the course and its packages: $(NBGRADER_VENV)/bin/nbgrader. nbgrader starts the
+# program `alembic` by name (nbgrader/api.py and dbutil.py, when it makes or upgrades
+# gradebook.db), so that environment puts its own bin/ first on PATH whenever its Python
+# starts (the import line of course.pth): $(NBGRADER_VENV)/bin/nbgrader then works as
+# typed, with no environment activated.
 NBGRADER_VENV := $(VENV)/nbgrader
 define NBGRADER_PTH_PY
 import sys, sysconfig
 from pathlib import Path
 course, packages = sys.argv[1:3]
-Path(sysconfig.get_paths()["purelib"], "course.pth").write_text(course + "\n" + packages + "\n")
+on_path = ("import os, sys; b = os.path.dirname(sys.executable); p = os.environ.get('PATH', ''); "
+           "b in p.split(os.pathsep) or os.environ.__setitem__('PATH', b + os.pathsep + p)")
+Path(sysconfig.get_paths()["purelib"], "course.pth").write_text(course + "\n" + packages + "\n" + on_path + "\n")
 endef
 export NBGRADER_PTH_PY
 

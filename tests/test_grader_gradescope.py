@@ -155,3 +155,93 @@ def test_the_finished_copy_beats_an_older_draft(tmp_path, source):
     assert data["score"] == sum(t["max_score"] for t in data["tests"]) == 8, data["output"]
     assert "kept the best: 01_single_head_attention-Copy1.ipynb" in data["output"]
     assert "my_work.ipynb: 0 / 8" in data["output"] and "01_single_head_attention-Copy1.ipynb: 8 / 8" in data["output"]
+
+
+# ----------------------------------------------------------------------------- what a zip carries
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory):
+    """A Python with this environment's packages (NumPy, torch, nbformat) but not the course:
+    a virtual environment whose one addition is this one's site-packages as a plain path, so
+    the editable install of ``mhalib`` there is not active."""
+    import sysconfig
+
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = subprocess.run([str(python), "-c", "import numpy, nbformat\ntry:\n import mhalib\nexcept ImportError:\n"
+                            " print('no course')\nelse:\n print(mhalib.__file__)"],
+                           cwd=tmp_path_factory.getbasetemp(), capture_output=True, text=True, timeout=120)
+    assert probe.stdout.strip() == "no course", probe.stdout + probe.stderr
+    return python
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=[p.stem[:2] for p in SOLUTIONS])
+def test_each_zip_alone_grades_its_solution_with_full_marks(tmp_path, bare_python, solution):
+    """The zip's files are all the grader needs: unpacked alone and run by a Python without
+    the course, it gives the exercise's solution full marks."""
+    from mhalib.grade.sandbox import decide
+
+    if not decide(container=True).ok:
+        pytest.skip("no isolation here")
+    number = solution.name[:2]
+    assert build(tmp_path / "a.zip", number).returncode == 0
+    with zipfile.ZipFile(tmp_path / "a.zip") as zf:
+        zf.extractall(tmp_path / "source")
+    (tmp_path / "submission").mkdir()
+    (tmp_path / "submission" / solution.name).write_bytes(solution.read_bytes())
+    proc = subprocess.run([str(bare_python), "-m", "mhalib.grade.gradescope", number, str(tmp_path / "submission"),
+                           str(tmp_path / "results.json")], cwd=tmp_path / "source", capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["tests"] and data["score"] == sum(t["max_score"] for t in data["tests"]), data["output"]
+
+
+def test_the_zip_carries_a_readme_and_only_what_its_exercise_needs(tmp_path):
+    from mhalib.grade import exercises as registry
+
+    ex = registry.get("08")
+    assert build(tmp_path / "a.zip", "08").returncode == 0
+    with zipfile.ZipFile(tmp_path / "a.zip") as zf:
+        names = zf.namelist()
+        readme = zf.read("README.md").decode()
+    assert (tmp_path / "a.zip").stat().st_size < 100_000  # docs/instructors.md, Gradescope
+    modules = [n for n in names if n.startswith("mhalib/") and n.endswith(".py")]
+    specs = [n for n in modules if n.startswith("mhalib/grade/exercises/ex")]
+    assert specs == ["mhalib/grade/exercises/ex08_mha_to_gqa.py"]
+    assert "mhalib/convert.py" in modules and "mhalib/grade/gradescope.py" in modules
+    assert not [n for n in names if n.endswith(".pt")], "no trained weights: exercise 08's references load none"
+    assert not [n for n in modules if n.startswith(("mhalib/language/", "mhalib/copytask/", "mhalib/widgets/"))
+                or n in ("mhalib/grade/nbgrader.py", "mhalib/grade/release.py", "mhalib/plots.py")]
+    assert ex.key in readme and f"{ex.max_score:g} points" in readme
+    for graded in ex.graded:
+        assert f"| `{graded.name}` | {graded.points:g} |" in readme
+    for name in names:
+        assert f"- `{name}`" in readme, f"README.md does not list {name}"
+    assert "solutions/08_mha_to_gqa.ipynb" in readme  # how to test it in Gradescope
+
+
+def test_tracing_follows_imports_inside_functions(tmp_path):
+    """The zip's module list comes from every import statement, those in function bodies too
+    (exercise references import ``mhalib`` where they run), and a data file goes with the
+    module that names it."""
+    spec = __import__("importlib.util").util.spec_from_file_location("build_autograder", BUILD)
+    tool = __import__("importlib.util").util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    (tmp_path / "mhalib" / "data").mkdir(parents=True)
+    (tmp_path / "mhalib" / "__init__.py").write_text("")
+    (tmp_path / "mhalib" / "a.py").write_text("def f():\n    from mhalib import b\n    return b\n")
+    (tmp_path / "mhalib" / "b.py").write_text("from .data import read\nX = read('table.json')\n")
+    (tmp_path / "mhalib" / "c.py").write_text("import mhalib.a\n")
+    (tmp_path / "mhalib" / "data" / "__init__.py").write_text("def read(name):\n    return name\n")
+    for name in ("table.json", "weights.pt", "weights.json"):
+        (tmp_path / "mhalib" / "data" / name).write_text("{}")
+    modules = tool.needed_modules(["mhalib.a"], tmp_path)
+    assert modules == ["mhalib", "mhalib.a", "mhalib.b", "mhalib.data"]
+    assert [p.name for p in tool.needed_data(modules, tmp_path)] == ["table.json"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -270,13 +271,102 @@ def test_student_release_has_no_solutions_and_fresh_exercises(tmp_path):
                 text = zf.read(name).decode("utf-8")
                 assert "### BEGIN SOLUTION" not in text and "### BEGIN HIDDEN TESTS" not in text, name
         assert "mha-course/Makefile" in names and "mha-course/mhalib/grade/grader.py" in names
+        # for learners: nothing of the maintainers' or instructors', and a README of their own
+        assert not {"mha-course/CONTRIBUTING.md", "mha-course/docs/instructors.md"} & set(names)
+        readme = zf.read("mha-course/README.md").decode("utf-8")
+    for advertised in ("make test", "solutions/", "worked solution", "instructors", "make exercises",
+                       "make notebooks", "CONTRIBUTING"):
+        assert advertised not in readme, f"the learners' README advertises {advertised!r}"
+    assert "make grade NB=exercises/01_single_head_attention.ipynb" in readme and "make lab" in readme
+    assert "## Course map" in readme and "notebooks/09_beyond_gqa.ipynb" in readme  # from the course's README
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "student_release.py"), "--out", "x.tar"],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "--out must name a .zip file" in proc.stderr
+
+
+def test_the_student_readme_commands_run_in_the_release(tmp_path):
+    """Unpacked, with the course's packages borrowed for its .venv: every command of the
+    learners' README runs there as written (make lab starts JupyterLab and is stopped once it
+    serves); make help offers only targets that run there; the course's make test says what to
+    run instead."""
+    import signal
+    import zipfile
+
+    from test_documented_commands import assert_ran, bash_lines, borrow_venv, clean_env, run_lines
+
+    out = tmp_path / "student.zip"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "student_release.py"), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    with zipfile.ZipFile(out) as zf:
+        zf.extractall(tmp_path)
+    course = tmp_path / "mha-course"
+    borrow_venv(course)
+    lines = bash_lines((course / "README.md").read_text(encoding="utf-8"))
+    assert lines[0] == "make lab" and lines[-1].startswith("make clean"), lines
+    env = clean_env(BROWSER="true")  # JupyterLab opens no browser window here
+    # make lab serves until stopped: started as written, stopped once it says where it serves
+    lab = subprocess.Popen(["bash", "-c", lines[0]], cwd=course, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    try:
+        for line in lab.stdout:
+            seen.append(line)
+            if re.search(r"https?://(127\.0\.0\.1|localhost):\d+/lab", line):
+                break
+        else:
+            pytest.fail("make lab ended without serving:\n" + "".join(seen[-40:]))
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=60)
+    results = run_lines(lines[1:], course, env=env)
+    assert_ran(results)
+    grades = [out for line, _, out in results if "grade" in line]
+    assert len(grades) == 2 and all("TOTAL 0 / 8" in out for out in grades), grades
+    assert not (course / ".venv").exists()  # make clean, the last line
+    borrow_venv(course)
+    # make help: only targets that exist here and are not the left-out ones
+    help_text = subprocess.run(["make", "help"], cwd=course, env=env, capture_output=True, text=True).stdout
+    offered = re.findall(r"^make ([\w-]+)", help_text, re.M)
+    assert set(offered) == {"lab", "grade", "bench", "clean"}, help_text
+    for target in offered:
+        dry = subprocess.run(["make", "-n", target, "NB=exercises/01_single_head_attention.ipynb"], cwd=course,
+                             env=env, capture_output=True, text=True)
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        for path in re.findall(r"(?:benchmarks|notebooks|tools|tests)/[\w/.]+", dry.stdout):
+            assert (course / path).exists(), f"make {target} runs {path}, which the release does not hold"
+    for target in ("test", "unit", "notebooks", "exercises", "nbgrader", "autograder"):
+        said = subprocess.run(["make", target], cwd=course, env=env, capture_output=True, text=True)
+        assert said.returncode == 2 and "not in the learners' copy" in said.stderr, said.stdout + said.stderr
+        assert "make grade NB=exercises/01_single_head_attention.ipynb" in said.stderr
+
+
+def test_the_learners_makefile_keeps_what_learners_run_and_drops_the_rest():
+    """tools/student_release.py's Makefile: the rules of the left-out targets and what only
+    they used are gone, the set-up, lab and grade are the course's own lines."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import student_release
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    course = (ROOT / "Makefile").read_text(encoding="utf-8")
+    learners = student_release.student_makefile(course)
+    assert learners.rstrip("\n").endswith(student_release.LEFT_OUT_RULE.rstrip("\n"))
+    rules = learners.replace(student_release.LEFT_OUT_RULE.rstrip("\n"), "")
+    for gone in ("define LOCK_PY", "define NBGRADER_PTH_PY", "define stage", "PORTABLE :=", "tools/",
+                 "tests", "solutions", "$(UNIT)"):
+        assert gone not in rules, gone
+    for kept in ("define CHECK_PY", "define PROBE_PY", "define TORCH_BUILD_PY", "$(STAMP): pyproject.toml $(LOCK)",
+                 "\nlab: $(STAMP)", "\ngrade: $(STAMP)", "\nclean:", "ROOT_FLAG :="):
+        assert kept in learners, kept
+    assert learners.split("\n\n")[1:] and learners.index("\nhelp:") < learners.index("\ninstall:")  # the default
+    for paragraph in course.split("\n\n"):  # the set-up is the course's, line for line
+        if paragraph.startswith(("# (Re)create the environment", "lab: ")):
+            assert paragraph in learners
 
 
 def test_nbgrader_is_installed_by_one_documented_command():
     proc = subprocess.run(["make", "-n", "nbgrader"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0 and "pip install" in proc.stdout and "nbgrader==0.9.6" in proc.stdout
     guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
-    assert "make nbgrader" in guide and ".venv/nbgrader/bin/nbgrader generate_assignment" in guide
+    assert "make nbgrader" in guide and "../.venv/nbgrader/bin/nbgrader generate_assignment" in guide
