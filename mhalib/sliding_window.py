@@ -1,13 +1,23 @@
 """Sliding-window attention (Longformer, Mistral): each token sees the last W positions.
 
 Convention: a window of W means query position p sees keys ``p - W + 1 .. p``, itself
-included: W keys, which is what a cache of W slots can hold (Hugging Face's Mistral masks the
-same way). Mistral's paper counts the window as positions ``i - W .. i``.
+included: W keys, which is what a cache of W slots can hold. Implementations differ by one:
+
+* Hugging Face's ``transformers`` keeps W keys (``sliding_window_overlay`` in
+  ``masking_utils.py``: ``kv_idx > q_idx - sliding_window``), as this module does;
+* Mistral's reference code (``one_file_ref.py`` of mistral-inference, the code released with
+  Mistral 7B) builds its prefill mask with ``torch.triu(mask, diagonal=-sliding_window)``, which
+  keeps W + 1 keys, ``p - W .. p``, while its decode step reads the W slots of its rotating cache;
+* Mistral's paper (Jiang et al. 2023) counts the window as positions ``i - W .. i``.
+
+So ``sliding_window_mask(n, W + 1)`` is the reference code's prefill mask for a window of W.
 
 * :func:`sliding_window_mask`: the band mask, bool, ``True`` = may attend.
 * :class:`RollingKVCache`: W slots overwritten in turn (the "rolling buffer cache" of
   Jiang et al. 2023), optionally keeping the first ``num_sinks`` tokens for good
-  (attention sinks, Xiao et al. 2023, *Efficient Streaming Language Models with Attention Sinks*).
+  (attention sinks, Xiao et al. 2023, *Efficient Streaming Language Models with Attention
+  Sinks*), with rotary positions either as the tokens' places in the text or, as
+  StreamingLLM numbers them, as their places in the cache.
 * :func:`receptive_field`: how far back information can reach through stacked windows.
 
 Shapes: B batch, g key/value heads, d_head per head.
@@ -88,6 +98,9 @@ def receptive_field(window, num_layers):
     return num_layers * (window - 1) + 1
 
 
+NUMBERINGS = ("original", "cache")
+
+
 class RollingKVCache:
     """A cache of ``window`` slots per sequence, written in turn: position p goes to slot p mod W.
 
@@ -103,21 +116,46 @@ class RollingKVCache:
     :meth:`attend` sees the cached keys and the new ones, masks by position (so that each new
     query sees exactly its window), then stores the new keys and values.
 
+    Positions. Without ``rotate``, q and k arrive already carrying their positions (rotated
+    before the call) and the cache stores k as it is. With ``rotate`` (a function
+    ``rotate(x, positions)`` such as :func:`mhalib.rope.apply_rope`), q and k arrive unrotated,
+    the cache stores the keys **before** rotation, and each step rotates the query and the keys
+    it sees by the positions ``numbering`` names:
+
+    * ``"original"``: each token's place in the text. A sink keeps position 0 for good, so the
+      offset between the newest query and a sink grows without bound (equal to passing keys
+      rotated before caching);
+    * ``"cache"``: StreamingLLM's numbering (Xiao et al. 2023, section 3.2): the keys a query sees
+      are numbered 0, 1, ... in order, and the query takes the number of its own key, the last;
+      no offset ever exceeds ``W - 1``. Without sinks the window is contiguous and RoPE sees the
+      same offsets as with ``"original"``; with sinks the gap after them closes.
+
     Attributes:
-        positions: ``(W,)`` long tensor, the position held by each slot (-1 = empty).
+        positions: ``(W,)`` long tensor, the position in the text held by each slot (-1 = empty).
     """
 
-    def __init__(self, window, num_sinks=0):
+    def __init__(self, window, num_sinks=0, *, rotate=None, numbering="original"):
         self.window = _positive_int(window, "window")
         self.num_sinks = _positive_int(num_sinks, "num_sinks", allow_zero=True)
         if self.num_sinks >= self.window:
             raise ValueError(f"num_sinks must be smaller than window; got num_sinks={num_sinks}, window={window}")
+        if numbering not in NUMBERINGS:
+            raise ValueError(f"numbering must be one of {', '.join(map(repr, NUMBERINGS))}; "
+                             f"got numbering={numbering!r}")
+        if rotate is None and numbering != "original":
+            raise ValueError("numbering='cache' needs rotate (e.g. mhalib.rope.apply_rope): the cache must rotate "
+                             "the keys itself, at every step, by their places in the cache")
+        if rotate is not None and not callable(rotate):
+            raise ValueError(f"rotate must be a function rotate(x, positions), such as mhalib.rope.apply_rope; "
+                             f"got {rotate!r}")
+        self.rotate, self.numbering = rotate, numbering
         self._k = self._v = None
         self.positions = torch.full((self.window,), -1, dtype=torch.long)
         self.seen = 0  # tokens written so far = the position of the next one
 
     def __repr__(self):
-        return f"RollingKVCache(window={self.window}, num_sinks={self.num_sinks}, seen={self.seen})"
+        rot = "" if self.rotate is None else f", numbering={self.numbering!r}"
+        return f"RollingKVCache(window={self.window}, num_sinks={self.num_sinks}{rot}, seen={self.seen})"
 
     def slot(self, position):
         """The slot that position ``position`` is written to."""
@@ -145,7 +183,9 @@ class RollingKVCache:
 
     @property
     def keys(self):
-        """``(B, g, W, d_head)``, slot order (not position order); empty slots hold zeros."""
+        """``(B, g, W, d_head)``, slot order (not position order); empty slots hold zeros.
+
+        Unrotated when the cache rotates them itself (``rotate`` given)."""
         return self._k
 
     @property
@@ -158,15 +198,20 @@ class RollingKVCache:
         """Bytes of both buffers: fixed at W slots once the first token is written."""
         return 0 if self._k is None else 2 * self._k.numel() * self._k.element_size()
 
-    def attend(self, q, k, v):
+    def attend(self, q, k, v, *, need_weights=False):
         """Attention of the N new queries over their windows, then the new k, v are stored.
 
         Args:
-            q: ``(B, H, N, d)`` for positions ``seen .. seen + N - 1``; k, v: ``(B, g, N, d)``.
+            q: ``(B, H, N, d)`` for positions ``seen .. seen + N - 1``; k, v: ``(B, g, N, d)``
+                (unrotated when the cache has ``rotate``).
+            need_weights: also return the attention weights.
 
         Returns:
             ``(B, H, N, d)``: equal to attention over the whole sequence with
-            :func:`sliding_window_mask` (for the same ``window`` and ``num_sinks``).
+            :func:`sliding_window_mask` (for the same ``window`` and ``num_sinks``) when the
+            positions are the tokens' places in the text. With ``need_weights``, ``(out,
+            weights, key_positions)``: weights ``(B, H, N, K)`` over the K keys the call saw,
+            whose places in the text are ``key_positions`` ``(K,)`` (0 where a query may not look).
         """
         n = q.shape[2]
         new_pos = torch.arange(self.seen, self.seen + n)  # (N,)
@@ -179,7 +224,31 @@ class RollingKVCache:
             key_pos = torch.cat([self.positions[held], new_pos])  # (W' + N,)
         p, j = new_pos[:, None], key_pos[None, :]  # (N, 1), (1, W' + N)
         allowed = (j <= p) & ((j > p - (self.window - self.num_sinks)) | (j < self.num_sinks))  # (N, W' + N)
-        mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, float("-inf"))  # (N, W' + N)
-        out = grouped_attention(q, keys, values, attn_mask=mask)  # (B, H, N, d)
+        if self.rotate is None:
+            mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, float("-inf"))  # (N, W' + N)
+            res = grouped_attention(q, keys, values, attn_mask=mask, need_weights=need_weights)  # (B, H, N, d)
+            out, weights = res if need_weights else (res, None)
+        else:
+            out, weights = self._attend_rotated(q, keys, values, key_pos, new_pos, allowed)
         self.write(k, v)
-        return out
+        return (out, weights, key_pos) if need_weights else out
+
+    def _attend_rotated(self, q, keys, values, key_pos, new_pos, allowed):
+        """One query at a time: its visible keys, rotated by the positions of ``self.numbering``."""
+        b, h, n, d = q.shape
+        out = q.new_zeros(b, h, n, values.shape[-1])  # (B, H, N, d)
+        weights = q.new_zeros(b, h, n, keys.shape[2])  # (B, H, N, K)
+        for i in range(n):
+            seen = torch.nonzero(allowed[i]).flatten()  # (V,): the keys query i sees
+            seen = seen[torch.argsort(key_pos[seen])]  # in text order: sinks, then the window
+            if self.numbering == "original":
+                k_positions, q_position = key_pos[seen], new_pos[i:i + 1]  # places in the text
+            else:
+                k_positions = torch.arange(len(seen))  # places in the cache: 0, 1, ..., V - 1
+                q_position = k_positions[-1:]  # the query's own key is the last it sees
+            k_rot = self.rotate(keys[:, :, seen], k_positions.numpy())  # (B, g, V, d)
+            q_rot = self.rotate(q[:, :, i:i + 1], q_position.numpy())  # (B, H, 1, d)
+            o, w = grouped_attention(q_rot, k_rot, values[:, :, seen], need_weights=True)  # (B, H, 1, d), (B, H, 1, V)
+            out[:, :, i:i + 1] = o
+            weights[:, :, i, seen] = w[:, :, 0]
+        return out, weights

@@ -1,6 +1,7 @@
 """Sliding windows against oracles: a loop for the band, SDPA with an explicit mask for the
 rolling buffer, boolean reachability for the receptive field."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,3 +67,81 @@ def test_bad_windows_are_refused():
         RollingKVCache(4, num_sinks=4)
     with pytest.raises(ValueError, match="n_q=5, n_k=3"):
         sliding_window_mask(5, 2, 3)
+
+
+def test_the_reference_codes_prefill_mask_keeps_one_key_more_than_hugging_faces():
+    n, window = 12, 4
+    ones = torch.ones(n, n)
+    mistral_reference = torch.triu(torch.tril(ones), diagonal=-window).bool()  # one_file_ref.py's prefill mask
+    hf = torch.tensor([[j <= i and j > i - window for j in range(n)] for i in range(n)])  # masking_utils.py
+    assert torch.equal(sliding_window_mask(n, window), hf)
+    assert torch.equal(sliding_window_mask(n, window + 1), mistral_reference)
+    assert mistral_reference.sum(-1).max() == window + 1 and hf.sum(-1).max() == window
+
+
+def plain_rotated_window(q, k, v, window, sinks, numbering):
+    """Attention of each position over visible_positions, RoPE by place in the text or in the cache, float64."""
+    from mhalib.rope import apply_rope
+
+    outs, weights = [], []
+    for p in range(q.shape[2]):
+        seen = visible_positions(p, window, sinks)
+        k_pos = seen if numbering == "original" else list(range(len(seen)))
+        q_pos = [p] if numbering == "original" else [len(seen) - 1]
+        kr = apply_rope(k[:, :, seen], np.array(k_pos)).repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        qr = apply_rope(q[:, :, p:p + 1], np.array(q_pos))
+        w = torch.softmax(qr @ kr.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)  # (B, H, 1, V)
+        outs.append(w @ v[:, :, seen].repeat_interleave(q.shape[1] // k.shape[1], dim=1))
+        weights.append(dict(zip(seen, w[0, 0, 0].tolist())))
+    return torch.cat(outs, dim=2), weights
+
+
+@pytest.mark.parametrize("numbering", ["original", "cache"])
+@pytest.mark.parametrize("sinks", [0, 2])
+def test_rotating_cache_numbers_positions_in_the_text_or_in_the_cache(numbering, sinks):
+    from mhalib.rope import apply_rope
+
+    torch.manual_seed(1)
+    b, h, g, n, d, window = 2, 4, 2, 19, 8, 6
+    q, k, v = (torch.randn(b, x, n, d, dtype=torch.float64) for x in (h, g, g))
+    cache = RollingKVCache(window, num_sinks=sinks, rotate=apply_rope, numbering=numbering)
+    outs = [cache.attend(q[:, :, :8], k[:, :, :8], v[:, :, :8])]  # a prompt longer than the window
+    outs += [cache.attend(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1]) for t in range(8, n)]
+    want, _ = plain_rotated_window(q, k, v, window, sinks, numbering)
+    torch.testing.assert_close(torch.cat(outs, dim=2), want, atol=1e-12, rtol=0)
+    for slot, p in enumerate(cache.positions.tolist()):  # the keys are cached before rotation
+        torch.testing.assert_close(cache.keys[:, :, slot], k[:, :, p], atol=0, rtol=0)
+    if numbering == "original":  # the same as rotating before caching, and as the band mask
+        pre = RollingKVCache(window, num_sinks=sinks)
+        qr, kr = apply_rope(q, np.arange(n)), apply_rope(k, np.arange(n))
+        stepwise = [pre.attend(qr[:, :, t:t + 1], kr[:, :, t:t + 1], v[:, :, t:t + 1]) for t in range(n)]
+        torch.testing.assert_close(torch.cat(stepwise, dim=2), want, atol=1e-12, rtol=0)
+
+
+def test_the_numberings_agree_without_sinks_and_differ_with_them():
+    from mhalib.rope import apply_rope
+
+    torch.manual_seed(2)
+    n, window = 40, 8
+    q, k, v = (torch.randn(1, 2, n, 16, dtype=torch.float64) for _ in range(3))
+    for sinks, differ in ((0, False), (4, True)):
+        outs = {}
+        for numbering in ("original", "cache"):
+            cache = RollingKVCache(window, num_sinks=sinks, rotate=apply_rope, numbering=numbering)
+            steps = [cache.attend(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], need_weights=True)
+                     for t in range(n)]
+            outs[numbering] = torch.cat([o for o, _, _ in steps], dim=2)
+            last_w, last_pos = steps[-1][1], steps[-1][2]
+            assert torch.allclose(last_w.sum(-1), torch.ones(()).double())
+            assert set(last_pos[last_w[0, 0, 0] > 0].tolist()) == set(visible_positions(n - 1, window, sinks))
+        gap = (outs["original"] - outs["cache"]).abs().max().item()
+        assert (gap > 1e-3) == differ, (sinks, gap)  # only the gap after the sinks changes the offsets
+        # before the window fills, the two numberings are the same positions
+        assert (outs["original"][:, :, :window] - outs["cache"][:, :, :window]).abs().max() < 1e-12
+
+
+def test_a_cache_numbering_needs_a_rotation():
+    with pytest.raises(ValueError, match="numbering='cache' needs rotate"):
+        RollingKVCache(4, numbering="cache")
+    with pytest.raises(ValueError, match="numbering='text'"):
+        RollingKVCache(4, rotate=lambda x, p: x, numbering="text")
