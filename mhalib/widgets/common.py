@@ -15,10 +15,15 @@ figure area ``mhalib-explorer-output``, the text area ``mhalib-explorer-message`
 Figures are built with ``matplotlib.figure.Figure`` directly (not ``pyplot``), so that
 a render never leaves an open pyplot figure behind and a notebook cell that calls a
 render function does not show the figure twice.
+
+A redraw sets the widgets' values and nothing else: the figure goes into the ``Output``
+widget as its ``outputs`` value, never by capturing a display inside ``with out:``
+(see :func:`show_view` for why).
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import io
 from dataclasses import dataclass, field
@@ -30,10 +35,12 @@ __all__ = [
     "message",
     "safe_render",
     "figure_png",
+    "figure_output",
     "slider",
     "choice_slider",
     "explorer_box",
     "labelled_vbox",
+    "ACCESSIBLE_NAMES_JS",
     "show_view",
     "connect",
     "Panel",
@@ -115,21 +122,68 @@ def figure_png(fig) -> bytes:
     return buf.getvalue()
 
 
+def _named(description, kind):
+    if not isinstance(description, str) or not description.strip():
+        raise ValueError(f"a {kind} needs a description, its accessible name (what a screen reader "
+                         f"announces); got {description!r}")
+    return description
+
+
 def slider(description, value, min, max, step=1, **kwargs):
-    """An ``IntSlider`` that redraws on release (``continuous_update=False``)."""
+    """An ``IntSlider`` that redraws on release (``continuous_update=False``).
+
+    ``description`` is its visible label and its accessible name, as plain text
+    (``description_allow_html=False``); see :data:`ACCESSIBLE_NAMES_JS`.
+    """
     import ipywidgets as w
 
-    return w.IntSlider(value=value, min=min, max=max, step=step, description=description,
-                       continuous_update=False, style={"description_width": "initial"}, **kwargs)
+    return w.IntSlider(value=value, min=min, max=max, step=step, description=_named(description, "slider"),
+                       description_allow_html=False, continuous_update=False,
+                       style={"description_width": "initial"}, **kwargs)
 
 
 def choice_slider(description, options, value, **kwargs):
-    """A ``SelectionSlider`` over ``options`` that redraws on release."""
+    """A ``SelectionSlider`` over ``options`` that redraws on release (named like :func:`slider`)."""
     import ipywidgets as w
 
-    return w.SelectionSlider(options=list(options), value=value, description=description,
-                             continuous_update=False, style={"description_width": "initial"},
-                             **kwargs)
+    return w.SelectionSlider(options=list(options), value=value, description=_named(description, "slider"),
+                             description_allow_html=False, continuous_update=False,
+                             style={"description_width": "initial"}, **kwargs)
+
+
+#: Gives each explorer slider in the page its accessible name and its value in words.
+#: ipywidgets 8 (8.1.9, measured in JupyterLab 4.6) draws a slider as a noUiSlider handle:
+#: a ``div`` with role "slider", reachable with Tab and moved with the arrow keys, Home and
+#: End, with aria-valuemin, -max and -now. But nothing names it: the description is a
+#: ``<label>`` tied to no control (a drop-down's is tied to its ``<select>``), so a screen
+#: reader says "slider 2" and axe reports it (aria-input-field-name, serious); and a
+#: SelectionSlider's aria-valuetext is the option's index ("3.00"), not the option ("24").
+#: ipywidgets has no option for either, so the explorer adds this script beside itself
+#: (:meth:`LabelledVBox._ipython_display_`): it points each handle's aria-labelledby at its
+#: label and keeps aria-valuetext equal to the readout the slider shows, also after a
+#: move or a redraw. JupyterLab runs it in outputs of the running session (trusted) only.
+ACCESSIBLE_NAMES_JS = """
+(function () {
+  const name = (root) => {
+    root.querySelectorAll('.mhalib-explorer .widget-slider').forEach((s, i) => {
+      const label = s.querySelector('.widget-label');
+      const handle = s.querySelector('.noUi-handle');
+      if (!label || !handle) return;
+      if (!label.id) label.id = 'mhalib-slider-label-' + Math.random().toString(36).slice(2);
+      if (handle.getAttribute('aria-labelledby') !== label.id) handle.setAttribute('aria-labelledby', label.id);
+      const readout = s.querySelector('.widget-readout');
+      const text = readout ? (readout.innerText || readout.textContent || '').trim() : '';
+      if (text && handle.getAttribute('aria-valuetext') !== text) handle.setAttribute('aria-valuetext', text);
+    });
+  };
+  name(document);
+  if (!window.mhalibSliderNames) {
+    window.mhalibSliderNames = new MutationObserver(() => name(document));
+    window.mhalibSliderNames.observe(document.body, {subtree: true, childList: true, characterData: true,
+                                                     attributes: true, attributeFilter: ['aria-valuenow']});
+  }
+})();
+"""
 
 
 @lru_cache(maxsize=None)
@@ -144,19 +198,31 @@ def _labelled_vbox_class():
         ``repr`` of every child, a long ``VBox(children=(HTML(...`` line.
         """
 
-        def __init__(self, children, label):
+        def __init__(self, children, label, name_sliders=False):
             super().__init__(children)
             self._label = label
+            self._name_sliders = name_sliders
 
         def __repr__(self):
             return self._label
 
+        def _ipython_display_(self):
+            """The widget, then (for an explorer) the script that names its sliders."""
+            from IPython.display import HTML, display
+
+            display(self._repr_mimebundle_(), raw=True)
+            if self._name_sliders:
+                display(HTML(f'<script class="mhalib-slider-names">{ACCESSIBLE_NAMES_JS}</script>'))
+
     return LabelledVBox
 
 
-def labelled_vbox(children, label):
-    """An ipywidgets ``VBox`` of ``children`` whose plain-text form is ``label``."""
-    return _labelled_vbox_class()(children, label)
+def labelled_vbox(children, label, *, name_sliders=False):
+    """An ipywidgets ``VBox`` of ``children`` whose plain-text form is ``label``.
+
+    ``name_sliders``: when shown in a notebook, also output :data:`ACCESSIBLE_NAMES_JS`.
+    """
+    return _labelled_vbox_class()(children, label, name_sliders)
 
 
 def explorer_box(controls, *, title=None):
@@ -180,26 +246,41 @@ def explorer_box(controls, *, title=None):
     one_row = len(controls) <= 3 and not any(isinstance(c, w.Box) for c in controls)
     children += [w.HBox(controls) if one_row else w.VBox(controls), msg, out]
     name = f"explorer: {title}" if title else "explorer"
-    box = labelled_vbox(children, f"[{name}; run the notebook to use the sliders]")
+    box = labelled_vbox(children, f"[{name}; run the notebook to use the sliders]", name_sliders=True)
     box.add_class("mhalib-explorer")
     return box, msg, out
 
 
+def figure_output(fig) -> dict:
+    """A figure as one notebook output: a ``display_data`` holding its PNG (base64).
+
+    This is what an ``Output`` widget stores for ``display(Image(png))`` and what a
+    saved notebook keeps in the widget's state.
+    """
+    png = base64.b64encode(figure_png(fig)).decode("ascii")
+    return {"output_type": "display_data", "data": {"image/png": png}, "metadata": {}}
+
+
 def show_view(view: View, msg, out) -> None:
-    """Put a view on screen: its text in ``msg``, its figure as a PNG inside ``out``."""
-    from IPython.display import Image, display
+    """Put a view on screen: its text in ``msg``, its figure as a PNG in ``out``.
 
+    ``out.outputs`` is set in one assignment: the new figure, or nothing when the view
+    is only a message (the previous figure must not stay under it). The figure is not
+    displayed inside ``with out:``. A front end that captures into an ``Output`` widget
+    sends the captured output back to the kernel on the shell channel, while the cell
+    that drew it is still running; nbclient (behind nbconvert, papermill and
+    ``tools/run_notebooks.py``) does so on the socket it is waiting on for that cell's
+    reply, and the reply can then go unnoticed until the wait times out: with
+    nbconvert's default of no timeout, the notebook hangs with the kernel idle. A value
+    set in the kernel travels one way, kernel to front end, like any other slider or
+    text, and the redraw is synchronous: when the call returns, everything is sent.
+    """
     msg.value = view.html
-    with out:
-        # wait=True avoids a flicker when a new figure follows; with no figure, clear now,
-        # or the previous figure would stay on screen under the message.
-        out.clear_output(wait=view.figure is not None)
-        if view.figure is not None:
-            display(Image(data=figure_png(view.figure), format="png"))
-            if getattr(view.figure.canvas, "manager", None) is not None:  # a pyplot figure
-                import matplotlib.pyplot as plt
+    out.outputs = (figure_output(view.figure),) if view.figure is not None else ()
+    if view.figure is not None and getattr(view.figure.canvas, "manager", None) is not None:
+        import matplotlib.pyplot as plt  # a pyplot figure: close it, or pyplot keeps it
 
-                plt.close(view.figure)
+        plt.close(view.figure)
 
 
 def connect(controls, redraw: Callable[[], None]) -> Callable[[], None]:
