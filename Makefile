@@ -135,18 +135,19 @@ UNIT := $(PYTEST) tests --ignore=tests/browser -n 2
 # and fail under CI); the network stage needs the package index; the browser stage Chromium.
 test: $(STAMP)
 	@date +%s > $(VENV)/.test-start
-	$(call stage,unit tests,$(UNIT) -m "not network")
+	$(call stage,unit tests,$(UNIT) -m "not network and not under_load")
 	$(call stage,network (pip resolution for every Python; nbgrader),$(PYTEST) tests --ignore=tests/browser -m network -p no:cacheprovider)
 	$(call stage,notebooks and solutions (strict nbval),$(PYTEST) $(NBVAL) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -n 2 --dist loadscope notebooks solutions)
 	$(call stage,trained notebooks with portable kernels (1 thread),ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PYTEST) $(NBVAL) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -n 2 --dist loadscope $(PORTABLE))
 	$(call stage,exercises (nbval-lax),$(PYTEST) $(NBVAL) --nbval-lax -n 2 --dist loadscope exercises)
+	$(call stage,notebook 07 beside a busy process (an explorer cell never leaves the run waiting),$(PYTEST) tests/test_notebook07_under_load.py -m under_load -p no:xdist -p no:cacheprovider)
 	$(call stage,browser,$(PYTEST) tests/browser -p no:cacheprovider)
 	@echo "==> make test passed in $$(( $$(date +%s) - $$(cat $(VENV)/.test-start) )) s"
 
 # The unit tests alone, in the .venv that is there (never rebuilt): a minute or two.
 unit:
 	@test -x $(PY) || { echo "make unit: no $(VENV) yet; run make test (or make lab) once first" >&2; exit 2; }
-	$(UNIT) -m "not network"
+	$(UNIT) -m "not network and not under_load"
 
 notebooks: $(STAMP)
 	$(PY) tools/run_notebooks.py notebooks solutions
