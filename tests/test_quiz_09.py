@@ -58,18 +58,31 @@ def test_merge_answer_weights_and_the_two_wrong_merges():
         assert np.isnan((np.exp(lses)[:, None] * outs).sum(0) / np.exp(lses).sum()).all()
 
 
-def test_absorb_answer_counts_576_numbers():
+def test_absorb_answer_counts_576_numbers_and_the_reason_for_the_separate_rotary_key():
     assert "576 numbers" in answer("09.absorb")
     assert DEEPSEEK_V3["kv_lora_rank"] + DEEPSEEK_V3["qk_rope_head_dim"] == 576
+    why = QUESTIONS["09.absorb"].choices[2].why
+    assert "between W^Q and W^UK" in why and "rotation of the latent alone would still fold" in why
+    rng = np.random.default_rng(0)
+    w_uk, latents, q = rng.standard_normal((8, 16)), rng.standard_normal((6, 16)), rng.standard_normal(8)
+    rotated = apply_rope(latents, np.arange(6))  # (T, r): the latent rotated by its position, then cached
+    np.testing.assert_allclose(rotated @ (w_uk.T @ q), (rotated @ w_uk.T) @ q, rtol=0, atol=1e-12)  # folds
+    q_m = apply_rope(q[None], [5])[0]
+    scores = apply_rope(latents @ w_uk.T, np.arange(6)) @ q_m  # RoPE on the up-projected keys and the query
+    assert np.abs(latents @ (w_uk.T @ q_m) - scores).max() > 1e-3  # one fold no longer gives the scores
 
 
-def test_crossover_answer_little_is_saved_below_the_crossover():
-    assert answer("09.crossover").startswith("Little")
-    params = llama_parameter_count(**LLAMA_CONFIGS["Llama-2-7B"])
-    assert int(crossover_tokens(params, 32, 32, 128)) == 25_705
-    w, mha = decode_step_bytes(params, 32, 32, 128, 1, 1024)
-    _, gqa = decode_step_bytes(params, 32, 8, 128, 1, 1024)
-    assert (w + mha) / (w + gqa) < 1.05  # far from the 4x of the wrong choice
-    w, mha = decode_step_bytes(params, 32, 32, 128, 64, 8192)
-    _, gqa = decode_step_bytes(params, 32, 8, 128, 64, 8192)
-    assert (w + mha) / (w + gqa) > 3.5  # and not nothing at every batch size
+def test_crossover_answer_the_smaller_w_k_and_w_v_save_more_than_the_cache_at_one_short_sequence():
+    assert answer("09.crossover").startswith("1.17x, mostly from the smaller W_k and W_v")
+    c = LLAMA_CONFIGS["Llama-2-7B"]
+    assert llama_parameter_count(**c) - llama_parameter_count(**dict(c, num_kv_heads=8)) == 805_306_368
+    a, b = decode_step_bytes(c, 1, 1024), decode_step_bytes(c, 1, 1024, num_kv_heads=8)
+    assert f"{a['total'] / b['total']:.2f}" == "1.17"
+    weights_saved, cache_saved = a["weights"] - b["weights"], a["cache"] - b["cache"]
+    assert weights_saved == 2 * 805_306_368 == 1.5 * 2**30 and cache_saved == 384 * 2**20
+    assert weights_saved > cache_saved > 0  # mostly W_k and W_v, some cache: "nothing" is wrong
+    assert a["cache"] == 4 * b["cache"] and a["total"] / b["total"] < 2  # the 4x of the cache is not the step's
+    assert f"{a['total'] / (a['weights'] + b['cache']):.2f}" == "1.03"  # the wrong choice: only the cache shrinks
+    assert int(crossover_tokens(c)) == 25_205 > 1024
+    big = decode_step_bytes(c, 64, 8192)["total"] / decode_step_bytes(c, 64, 8192, num_kv_heads=8)["total"]
+    assert f"{big:.2f}" == "3.59"
