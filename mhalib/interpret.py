@@ -19,6 +19,14 @@ On a model (:class:`~mhalib.decoder.Decoder`): :func:`attention_weights`,
 (each head zeroed in turn, measured by a function you give), :func:`record_heads` (what
 each head computed: the inputs of a patch), and :func:`ablate_head` /
 :func:`ablation_hook` for the model's ``z_hook``.
+
+Removing a head can mean three things (:data:`ABLATIONS`): set its output to zero, to its
+mean over reference text (position by position), or to its output on another, randomly
+drawn reference sequence (resample ablation). :func:`ablation_kwargs` turns each into the
+model's keyword arguments, so that a claim about a head can be tested under all three.
+
+Counting a claim over seeds: :func:`count_null` gives the chance of a count at least as
+large (or as small) if each seed held the claim with a given probability (the null).
 """
 
 from __future__ import annotations
@@ -41,6 +49,9 @@ __all__ = [
     "head_scores",
     "SCORES",
     "ablation_table",
+    "ABLATIONS",
+    "ablation_kwargs",
+    "count_null",
 ]
 
 
@@ -261,19 +272,21 @@ def attention_weights(model, tokens, ablate=None, *, threads=1):
     return weights.numpy()
 
 
-def record_heads(model, tokens, ablate=None, *, threads=1):
+def record_heads(model, tokens, ablate=None, *, threads=1, replace_z=None):
     """Every head's output ``z`` and attention weights on ``tokens`` (the inputs of a patch).
 
     Args:
         model: a :class:`~mhalib.decoder.Decoder`.
         tokens: ``(B, N)`` token ids.
         ablate: optional heads zeroed during the run.
+        replace_z: optional patches ``(layer, head) -> (B, N, d_head)`` during the run (e.g.
+            a mean or resample ablation, :func:`ablation_kwargs`).
 
     Returns:
         dict with ``"z"`` ``(B, L, H, N, d_head)`` and ``"weights"`` ``(B, L, H, N, N)`` tensors.
     """
     record = {}
-    _measured(model, tokens, threads, ablate=ablate, record=record)
+    _measured(model, tokens, threads, ablate=ablate, replace_z=replace_z, record=record)
     return record
 
 
@@ -335,3 +348,75 @@ def ablation_table(model, measure, heads=None):
     if heads is None:
         heads = [[(layer, head)] for layer in range(model.num_layers) for head in range(model.num_heads)]
     return [{"ablate": ablate, **measure(ablate or None)} for ablate in [[]] + [list(h) for h in heads]]
+
+
+#: The three ways of removing a head: its output set to zero, to its mean over reference
+#: text (position by position), or to its output on another reference sequence.
+ABLATIONS = ("zero", "mean", "resample")
+
+
+def ablation_kwargs(heads, how, batch_size, length, reference_z=None, *, seed=0):
+    """Keyword arguments for :meth:`~mhalib.decoder.Decoder.forward` that remove ``heads`` one way.
+
+    Args:
+        heads: ``(layer, head)`` pairs to remove.
+        how: one of :data:`ABLATIONS`: ``"zero"`` (``ablate=heads``), ``"mean"`` (each head's
+            output replaced by its mean over the reference sequences at the same position) or
+            ``"resample"`` (replaced by its output on one reference sequence, drawn at random
+            for each item with ``seed``; the same draw for every head removed).
+        batch_size, length: the shape ``(B, N)`` of the tokens the model will run on.
+        reference_z: ``(R, L, H, N_ref, d_head)`` tensor of head outputs on reference text
+            (``record_heads(model, reference)["z"]``, with ``N_ref >= length``); needed for
+            ``"mean"`` and ``"resample"``.
+
+    Returns:
+        dict: ``{"ablate": [...]}`` or ``{"replace_z": {(layer, head): (B, N, d_head)}}``.
+    """
+    if how not in ABLATIONS:
+        raise ValueError(f"how must be one of {ABLATIONS}; got {how!r}")
+    heads = [tuple(int(v) for v in h) for h in heads]
+    if how == "zero":
+        return {"ablate": heads}
+    if reference_z is None or getattr(reference_z, "ndim", 0) != 5:
+        raise ValueError(f"{how} ablation needs reference_z (R, L, H, N_ref, d_head) from "
+                         f"record_heads(model, reference)['z']")
+    if reference_z.shape[3] < length:
+        raise ValueError(f"reference sequences have {reference_z.shape[3]} positions; the tokens have {length}")
+    if how == "mean":
+        mean = reference_z[:, :, :, :length].mean(dim=0)  # (L, H, N, d_head)
+        return {"replace_z": {(l, h): mean[l, h].expand(batch_size, -1, -1) for l, h in heads}}
+    draw = np.random.default_rng(seed).integers(reference_z.shape[0], size=batch_size)  # (B,)
+    idx = _tokens_tensor(draw)
+    return {"replace_z": {(l, h): reference_z[idx, l, h, :length] for l, h in heads}}
+
+
+def count_null(count, total, p, tail="at least"):
+    """The chance of a count this extreme if each of ``total`` seeds held the claim with chance ``p``.
+
+    A claim "in ``count`` of ``total`` seeds" is read against a null: the per-seed chance
+    ``p`` that it holds by accident (for "the costliest head is in layer 0", 4 of 8 heads
+    are: ``p = 1/2``). Seeds are independent runs, so the count is binomial (Poisson-binomial
+    when the chance differs from seed to seed).
+
+    Args:
+        count, total: the count and the number of seeds.
+        p: the per-seed chance under the null, in [0, 1], or a list of ``total`` such chances.
+        tail: ``"at least"`` (P(X >= count)) or ``"at most"`` (P(X <= count)).
+
+    Returns:
+        dict ``{"expected": sum of the chances, "p_value": float}``.
+    """
+    if isinstance(total, bool) or not isinstance(total, (int, np.integer)) or total < 1 or not 0 <= count <= total:
+        raise ValueError(f"need 0 <= count <= total with total >= 1; got count={count!r}, total={total!r}")
+    chances = [float(p)] * int(total) if np.ndim(p) == 0 else [float(v) for v in p]
+    if len(chances) != total or not all(0 <= v <= 1 for v in chances):
+        raise ValueError(f"p must be a probability in [0, 1] or a list of {total} of them; got {p!r}")
+    if tail not in ("at least", "at most"):
+        raise ValueError(f"tail must be 'at least' or 'at most'; got {tail!r}")
+    pmf = np.zeros(total + 1)
+    pmf[0] = 1.0
+    for v in chances:  # add one seed at a time: P(k) = P(k) (1 - v) + P(k - 1) v
+        pmf[1:] = pmf[1:] * (1 - v) + pmf[:-1] * v
+        pmf[0] *= 1 - v
+    tail_mass = pmf[count:].sum() if tail == "at least" else pmf[:count + 1].sum()
+    return {"expected": float(sum(chances)), "p_value": float(min(1.0, tail_mass))}

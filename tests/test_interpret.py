@@ -176,3 +176,70 @@ def test_ablation_table_runs_the_measure_intact_then_per_ablation():
                           heads=[[(0, 1)], [(1, 0), (1, 3)]])
     assert asked == [None, [(0, 1)], [(1, 0), (1, 3)]]
     assert rows == [{"ablate": [], "n": 1}, {"ablate": [(0, 1)], "n": 2}, {"ablate": [(1, 0), (1, 3)], "n": 3}]
+
+
+def test_mean_and_resample_ablation_put_the_reference_outputs_in_place():
+    """Mean ablation: each removed head's output is its per-position mean over the reference; resample: the
+    output one drawn reference sequence gave. Checked on the copy-task model against outputs recorded here."""
+    from mhalib.interpret import ABLATIONS, ablation_kwargs, record_heads
+
+    model, _ = load_pretrained()
+    task = variable_offset_task()
+    tokens, _ = task.sample(6, make_generator(1))
+    reference, _ = task.sample(40, make_generator(2))
+    ref_z = record_heads(model, reference)["z"]  # (40, L, H, N, d_head)
+    assert ABLATIONS == ("zero", "mean", "resample")
+    assert ablation_kwargs([(1, 2)], "zero", 6, 32) == {"ablate": [(1, 2)]}
+    mean = ablation_kwargs([(1, 2), (0, 1)], "mean", 6, 20, ref_z)["replace_z"]
+    for (layer, head), value in mean.items():
+        by_loop = sum(ref_z[r, layer, head, :20] for r in range(40)) / 40  # (20, d_head)
+        assert value.shape == (6, 20, ref_z.shape[-1])
+        torch.testing.assert_close(value[3], by_loop, **float_tol(torch.float32, 40))
+    draws = ablation_kwargs([(1, 2), (0, 1)], "resample", 6, 32, ref_z, seed=5)["replace_z"]
+    again = ablation_kwargs([(1, 2), (0, 1)], "resample", 6, 32, ref_z, seed=5)["replace_z"]
+    rows = []
+    for i in range(6):  # every item got one whole reference sequence, the same for both heads
+        match = [r for r in range(40) if torch.equal(draws[(1, 2)][i], ref_z[r, 1, 2])]
+        assert match and torch.equal(draws[(0, 1)][i], ref_z[match[0], 0, 1])
+        rows.append(match[0])
+        assert torch.equal(again[(1, 2)][i], draws[(1, 2)][i]), "a seed gives the same draw"
+    assert len(set(rows)) > 1, "different items draw different sequences"
+    # the patched run differs from the intact one only through the patched heads
+    patched = record_heads(model, tokens, replace_z=draws)["z"]
+    assert torch.equal(patched[:, 1, 2], draws[(1, 2)]) and torch.equal(patched[:, 0, 1], draws[(0, 1)])
+    zeroed = evaluate(model, task, batch_size=64, replace_z={(0, 1): torch.zeros(64, 32, ref_z.shape[-1])})
+    assert zeroed == evaluate(model, task, batch_size=64, ablate=[(0, 1)]), "a patch of zeros is zero ablation"
+    with pytest.raises(ValueError, match="how must be one of"):
+        ablation_kwargs([(0, 1)], "noise", 6, 32, ref_z)
+    with pytest.raises(ValueError, match="needs reference_z"):
+        ablation_kwargs([(0, 1)], "mean", 6, 32)
+    with pytest.raises(ValueError, match="positions"):
+        ablation_kwargs([(0, 1)], "mean", 6, 33, ref_z)
+
+
+def test_count_null_is_the_binomial_tail_by_enumeration():
+    from itertools import product
+
+    from mhalib.interpret import count_null
+
+    def enumerate_tail(count, chances, tail):
+        total = 0.0
+        for outcome in product((0, 1), repeat=len(chances)):
+            prob = np.prod([c if o else 1 - c for o, c in zip(outcome, chances)])
+            k = sum(outcome)
+            total += prob if (k >= count if tail == "at least" else k <= count) else 0.0
+        return total
+
+    for count, chances, tail in [(4, [7 / 8] * 5, "at least"), (3, [3 / 4] * 5, "at most"), (8, [0.5] * 10, "at least"),
+                                 (2, [0.1, 0.5, 0.9, 0.3], "at least"), (0, [0.2] * 6, "at most")]:
+        p = chances[0] if len(set(chances)) == 1 else chances
+        got = count_null(count, len(chances), p, tail)
+        assert got["p_value"] == pytest.approx(enumerate_tail(count, chances, tail), abs=1e-12)
+        assert got["expected"] == pytest.approx(sum(chances))
+    assert count_null(4, 5, 7 / 8)["p_value"] == pytest.approx(0.8793, abs=1e-4)  # "not the costliest in 4 of 5"
+    with pytest.raises(ValueError, match="count <= total"):
+        count_null(6, 5, 0.5)
+    with pytest.raises(ValueError, match="probability"):
+        count_null(1, 2, 1.5)
+    with pytest.raises(ValueError, match="tail"):
+        count_null(1, 2, 0.5, "more")

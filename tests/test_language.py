@@ -464,15 +464,140 @@ def first_noun_rule(probes):
     return float(np.mean(votes))
 
 
+def first_noun_outside_phrases_rule(probes):
+    """Accuracy of "the first noun that does not follow a preposition or a subordinator", from English.
+
+    Like :func:`first_noun_rule`, but a noun right after "near", "when", "because"... (or after
+    such a word and "the") is skipped: the nouns of phrases and of introductory clauses.
+    """
+    nouns = MALE | FEMALE | THINGS_SG | THINGS_PL
+    openers = PREPOSITIONS | SUBORDINATORS | {"because"}
+    votes = []
+    for i in range(len(probes)):
+        words = decode(probes.tokens[i])
+        t, answer = probes.positions[i], probes.answers[i]
+        ends = [0] + [j for j in range(t) if words[j] == "."]
+        own = words[ends[-1] + 1:t]
+        if probes.kind == "coreference" and "because" not in own:
+            own = words[ends[-2] + 1:ends[-1]]
+        free = [w for j, w in enumerate(own) if w in nouns and w not in ("he", "she", "it", "they")
+                and not (j >= 1 and own[j - 1] in openers) and not (j >= 2 and own[j - 1] == "the"
+                                                                     and own[j - 2] in openers)]
+        if not free:
+            votes.append(0.5)
+            continue
+        number, gender = noun_features(free[0])
+        if answer in ("m", "f"):
+            votes.append(0.5 if gender is None else float(gender == answer))
+        elif probes.kind == "coreference" and gender is not None:
+            votes.append(0.5)
+        else:
+            votes.append(float(number == answer))
+    return float(np.mean(votes))
+
+
 @pytest.mark.parametrize("kind", ["agreement", "coreference"])
-def test_no_shallow_rule_passes_a_probe(kind):
+def test_no_rule_but_the_first_noun_outside_phrases_passes_the_default_probes(kind):
+    """Position, the nearest noun, the majority and a bigram fail the default probes; a finite-state rule over
+    word categories (the first noun outside phrases) passes them: they cannot tell syntax from that rule."""
     probes = make_probe_set(kind, 600, TEST_SEED)
     rules = shallow_baselines(probes)
     assert first_noun_rule(probes) == pytest.approx(rules["first noun"])
-    assert max(rules.values()) <= 0.6, rules
+    assert first_noun_outside_phrases_rule(probes) == pytest.approx(rules["first noun outside phrases"]) == 1.0
+    assert max(v for k, v in rules.items() if k != "first noun outside phrases") <= 0.6, rules
     assert Bigram(1024, TEST_SEED).probe_accuracy(probes) <= 0.6
     answers = list(probes.answers)
     assert max(answers.count(a) for a in set(answers)) / len(answers) <= 0.6, "balanced answers"
+
+
+def test_no_shallow_rule_passes_the_centre_embedded_probe():
+    """A relative clause inside a relative clause: every rule, the 5-gram and the bigram at most 0.6."""
+    from mhalib.language.probes import NGram
+
+    probes = make_probe_set("agreement", 400, TEST_SEED, constructions=["centre"])
+    rules = shallow_baselines(probes)
+    assert first_noun_outside_phrases_rule(probes) == pytest.approx(rules["first noun outside phrases"])
+    assert max(rules.values()) <= 0.6, rules
+    assert Bigram(1024, TEST_SEED).probe_accuracy(probes) <= 0.6
+    assert NGram(5, 1024, TEST_SEED).probe_accuracy(probes) <= 0.6
+
+
+NOUNS = MALE | FEMALE | THINGS_SG | THINGS_PL
+
+
+@pytest.mark.parametrize("construction", ["orc_verb", "centre", "adverb_pp", "adverb", "pp_same", "orc_same",
+                                          "src_same"])
+def test_the_probe_only_constructions_are_what_they_say(construction):
+    probes = make_probe_set("agreement", 300, TEST_SEED, constructions=[construction])
+    assert set(probes.constructions) == {construction}
+    matches, first_free = [], []
+    for i in range(len(probes)):
+        words = decode(probes.tokens[i])
+        target, key = probes.positions[i], probes.keys[i]
+        right, wrong = VOCAB[probes.correct[i]], VOCAB[probes.wrong[i]]
+        number, _ = noun_features(words[key])
+        assert words[target] == right and verb_number(right) == number != verb_number(wrong)
+        assert probes.answers[i] == number
+        start = max(j for j in range(target) if words[j] in (".", "<bos>")) + 1
+        nouns = [j for j in range(start, target) if words[j] in NOUNS]
+        others = [j for j in nouns if j != key]
+        if construction in ("orc_verb", "centre"):  # "the dog that the cats (that the bird sees) | chase"
+            assert words[key - 2:key] == ["that", "the"]
+            assert (nouns[-1] == key) == (construction == "orc_verb")
+            if construction == "centre":
+                assert words[key + 1:key + 3] == ["that", "the"] and words[target - 1] not in NOUNS
+        if construction.startswith("adverb"):
+            assert words[target - 1] in G.ADVERBS and (construction == "adverb") == (nouns[-1] == key)
+        if construction.endswith("_same"):
+            assert noun_features(words[others[-1]])[0] == number, "the attractor has the subject's number"
+        matches.append(noun_features(words[others[-1]])[0] == number if others else None)
+        free = [j for j in nouns if words[j - 1] not in PREPOSITIONS | SUBORDINATORS
+                and not (words[j - 1] == "the" and words[j - 2] in PREPOSITIONS | SUBORDINATORS)]
+        first_free.append(noun_features(words[free[0]])[0] == number)
+    assert np.mean(probes.answers == "pl") == pytest.approx(0.5, abs=0.1), "balanced answers"
+    if construction in ("orc_verb", "centre", "adverb_pp"):  # the other nouns' numbers are drawn on their own
+        assert np.mean([m for m in matches if m is not None]) == pytest.approx(0.5, abs=0.1)
+    if construction in ("orc_verb", "centre"):
+        assert np.mean(first_free) == pytest.approx(0.5, abs=0.1), "the first noun outside phrases is not the key"
+
+
+def test_attractor_matches_reads_the_nearest_other_noun():
+    from mhalib.language.probes import SAME_NUMBER, attractor_matches
+
+    other = make_probe_set("agreement", 100, TEST_SEED)
+    same = make_probe_set("agreement", 100, TEST_SEED, constructions=SAME_NUMBER["agreement"])
+    assert set(attractor_matches(other)) == {"other"} and set(attractor_matches(same)) == {"same"}
+    coref = attractor_matches(make_probe_set("coreference", 100, TEST_SEED))
+    assert set(coref) <= {"same", "other", "none"} and "other" in coref
+
+
+def test_the_n_gram_counts_as_a_loop_over_the_text_does():
+    from mhalib.language.probes import NGram
+
+    order, n = 4, 64
+    text = sample_sequences(n, TEST_SEED, stream=0).tokens
+    counts = {}
+    for row in text:
+        for t in range(len(row)):
+            for k in range(min(order - 1, t) + 1):
+                key = tuple(row[t - k:t + 1])
+                counts[key] = counts.get(key, 0) + 1
+    model = NGram(order, n, TEST_SEED)
+    probes = make_probe_set("agreement", 200, TEST_SEED, constructions=["pp", "orc_verb"])
+    votes = model.votes(probes)
+    for i in range(len(probes)):
+        row, t = probes.tokens[i], probes.positions[i]
+        vote = 0.5
+        for k in range(min(order - 1, t - 1), -1, -1):
+            a = counts.get(tuple(row[t - k:t]) + (probes.correct[i],), 0)
+            b = counts.get(tuple(row[t - k:t]) + (probes.wrong[i],), 0)
+            if a or b:
+                vote = 1.0 if a > b else 0.0 if b > a else 0.5
+                break
+        assert votes[i] == vote, i
+    assert model.probe_accuracy(probes) == pytest.approx(votes.mean())
+    with pytest.raises(ValueError, match="order must be"):
+        NGram(1, 8, 0)
 
 
 def test_every_seed_passes_per_number_the_control_and_the_held_out_constructions(seeds):

@@ -73,7 +73,8 @@ def train(model, task=None, steps=3000, *, batch_size=64, lr=3e-3, seed=0, threa
                progress=progress, desc=desc, callback=callback)
 
 
-def evaluate(model, task=None, *, batch_size=1024, seed=12345, ablate=None, z_hook=None, threads=1):
+def evaluate(model, task=None, *, batch_size=1024, seed=12345, ablate=None, z_hook=None, replace_z=None,
+             threads=1):
     """Loss and accuracy at the copy positions of one fixed, seeded evaluation batch.
 
     Args:
@@ -83,6 +84,8 @@ def evaluate(model, task=None, *, batch_size=1024, seed=12345, ablate=None, z_ho
         seed: seeds the batch, so every call with the same seed sees the same data.
         ablate: ``(layer, head)`` pairs to zero (see :meth:`~mhalib.decoder.Decoder.forward`).
         z_hook: passed to the model, ``fn(layer, z) -> z`` (e.g. :func:`mhalib.interpret.ablation_hook`).
+        replace_z: passed to the model: ``(layer, head) -> (batch_size, N, d_head)`` outputs put in
+            place of those heads' (a mean or resample ablation, :func:`mhalib.interpret.ablation_kwargs`).
 
     Returns:
         dict ``{"loss": float, "accuracy": float}``.
@@ -90,7 +93,8 @@ def evaluate(model, task=None, *, batch_size=1024, seed=12345, ablate=None, z_ho
     task = variable_offset_task() if task is None else task
     tokens, mask = task.sample(batch_size, make_generator(seed))  # (B, N), (B, N)
     with measuring(model, threads):
-        loss, accuracy = next_token_loss(model(tokens, ablate=ablate, z_hook=z_hook), tokens, mask)
+        logits = model(tokens, ablate=ablate, z_hook=z_hook, replace_z=replace_z)  # (B, N, V)
+        loss, accuracy = next_token_loss(logits, tokens, mask)
     return {"loss": loss.item(), "accuracy": accuracy}
 
 

@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from mhalib.interpret import head_scores, record_heads
+from mhalib.interpret import ablation_kwargs, head_scores, record_heads
 from mhalib.language.grammar import THINGS, VOCAB, WORD_TO_ID, _plural, other_number, sample_sequences
 from mhalib.language.probes import ProbeSet, probe_margins, probe_tokens
 from mhalib.language.training import EVAL_STREAM
@@ -119,7 +119,7 @@ def number_patching(model, probes, heads=None):
     return out
 
 
-def path_patching(model, probes, upstream, downstream):
+def path_patching(model, probes, upstream, downstream, *, how="zero", reference_z=None, seed=0):
     """Through which path does an earlier head matter? Remove it from one path at a time.
 
     An earlier head reaches the prediction along three kinds of path: it changes where the
@@ -127,12 +127,12 @@ def path_patching(model, probes, upstream, downstream):
     or it goes around them (through the MLPs and the residual stream). Each run below
     removes ``upstream`` from one kind of path only, and keeps it everywhere else:
 
-    * ``"intact"`` and ``"ablated"`` (``upstream`` zeroed on every path);
+    * ``"intact"`` and ``"ablated"`` (``upstream`` removed on every path);
     * ``"query/key path"``: the ``downstream`` heads attend with the weights they have when
-      ``upstream`` is zeroed; everything else is intact;
+      ``upstream`` is removed; everything else is intact;
     * ``"value path"``: the ``downstream`` heads keep their intact weights but read the
-      values they would read with ``upstream`` zeroed;
-    * ``"other paths"``: ``upstream`` zeroed, but the ``downstream`` heads' outputs are
+      values they would read with ``upstream`` removed;
+    * ``"other paths"``: ``upstream`` removed, but the ``downstream`` heads' outputs are
       the intact ones.
 
     Args:
@@ -141,6 +141,9 @@ def path_patching(model, probes, upstream, downstream):
         upstream: a ``(layer, head)`` pair.
         downstream: a pair, or a list of pairs, all in later layers than ``upstream``
             (for a 2-layer model: every head of layer 1).
+        how: how ``upstream`` is removed, one of :data:`mhalib.interpret.ABLATIONS` ("zero",
+            the default; "mean" and "resample" need ``reference_z``, see
+            :func:`mhalib.interpret.ablation_kwargs`, drawn with ``seed``).
 
     Returns:
         dict run -> ``{"accuracy": float, "weight_on_key": float}``: the accuracy, and
@@ -152,24 +155,26 @@ def path_patching(model, probes, upstream, downstream):
     if any(layer <= upstream[0] for layer, _ in down):
         raise ValueError(f"downstream heads {down} must all be in later layers than upstream {upstream}")
     tokens = probe_tokens(probes)
+    remove = ablation_kwargs([upstream], how, tokens.shape[0], tokens.shape[1], reference_z, seed=seed)
     intact = record_heads(model, tokens)
-    broken = record_heads(model, tokens, ablate=[upstream])
+    broken = record_heads(model, tokens, **remove)
     pattern = lambda run: {d: run["weights"][:, d[0], d[1]] for d in down}  # noqa: E731  (n, N', N') each
     output = lambda run: {d: run["z"][:, d[0], d[1]] for d in down}  # noqa: E731  (n, N', d_head) each
     with torch.no_grad():  # intact weights, values from the ablated run
         value_only = {}
-        model(tokens, ablate=[upstream], replace_weights=pattern(intact), record=value_only)
+        model(tokens, replace_weights=pattern(intact), record=value_only, **remove)
     rows = np.arange(len(probes))
 
     def on_key(weights):
         return float(np.mean([w.numpy()[rows, probes.positions - 1, probes.keys].mean() for w in weights.values()]))
 
+    around = dict(remove, replace_z={**remove.get("replace_z", {}), **output(intact)})
     runs = {
         "intact": (dict(), pattern(intact)),
-        "ablated": (dict(ablate=[upstream]), pattern(broken)),
+        "ablated": (remove, pattern(broken)),
         "query/key path": (dict(replace_weights=pattern(broken)), pattern(broken)),
         "value path": (dict(replace_z=output(value_only)), pattern(intact)),
-        "other paths": (dict(ablate=[upstream], replace_z=output(intact)), pattern(intact)),
+        "other paths": (around, pattern(intact)),
     }
     out = {}
     for name, (patch, seen) in runs.items():

@@ -27,13 +27,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mhalib.language.grammar import (NAMES, PEOPLE, SEQ_LEN, THINGS, VOCAB, WORD_TO_ID, Grammar, _plural,
-                                     decode, encode, make_rng, sample_sequences)
+from mhalib.language.grammar import (ADVERBS, BOS, INTRANSITIVE, NAMES, PEOPLE, PREPOSITIONS, SEQ_LEN, SUBORDINATORS,
+                                     THINGS, TRANSITIVE, VOCAB, WORD_TO_ID, Grammar, _plural, _verb, decode, encode,
+                                     make_rng, other_number, sample_sequences, Event)
 from mhalib.language.training import TRAIN_STREAM
 from mhalib.runtime import measuring
 
-__all__ = ["PROBE_KINDS", "HELD_OUT", "CONTROL", "ProbeSet", "make_probe_set", "shallow_baselines", "probe_tokens", "probe_margins", "margins_from_logits", "probe_accuracy",
-           "Bigram"]
+__all__ = ["PROBE_KINDS", "HELD_OUT", "CONTROL", "SAME_NUMBER", "STRUCTURE", "ADVERB", "ProbeSet", "make_probe_set",
+           "shallow_baselines", "attractor_matches", "probe_tokens", "probe_margins", "margins_from_logits",
+           "probe_accuracy", "Bigram", "NGram"]
 
 PROBE_KINDS = ("agreement", "coreference")
 _STREAM = {"agreement": 2, "coreference": 3}
@@ -91,21 +93,97 @@ COREFERENCE_CONSTRUCTIONS = ("initial", "because", "fused")
 HELD_OUT = {"agreement": ("pp_pp", "intro_pp2"), "coreference": ("intro_pp2",)}
 #: A control: agreement with nothing between subject and verb ("none").
 CONTROL = {"agreement": ("none",)}
+#: The constructions of the default agreement probe with an attractor of the *same* number as
+#: the subject ("the key near the cabinet | is"): beside the default (other number) they
+#: measure attraction. The training text has both (its attractors' numbers are drawn freely).
+SAME_NUMBER = {"agreement": ("pp_same", "orc_same", "src_same")}
+#: Agreement where the deciding noun is neither the first noun of the sentence outside its
+#: phrases nor the nearest noun; every other noun has a number drawn independently:
+#: ``"orc_verb"``, the verb *inside* an object relative clause ("the dog that the cats |
+#: chase", in the training text; the nearest noun decides it) and ``"centre"``, the verb of
+#: a relative clause with another one inside it ("the dog that the cats that the bird sees |
+#: chase", never in the training text: no shallow rule of this module decides it).
+STRUCTURE = {"agreement": ("orc_verb", "centre")}
+#: An adverb between the subject (or its attractor) and the verb ("the birds behind the tree
+#: now | run"); the training text puts adverbs only after verbs. ``"adverb_pp"`` has a
+#: prepositional attractor of a number drawn at random, ``"adverb"`` none.
+ADVERB = {"agreement": ("adverb_pp", "adverb")}
+#: Constructions built word by word for probes only (:func:`_built_item`), not by the grammar.
+_BUILT = STRUCTURE["agreement"] + ADVERB["agreement"]
 
 
 def _agreement_item(grammar, rng, construction):
     number = grammar._choice(rng, ("sg", "pl"))  # balanced: half the subjects are plural
     subject = "thing" if number == "pl" else grammar._choice(rng, {"thing": 0.5, "person": 0.25, "name": 0.25})
     predicate = grammar._choice(rng, ("intransitive", "copula", "transitive", "because", "fused"))
-    attractor = {"pp_pp": "pp2", "intro_pp2": "pp"}.get(construction, construction)
+    same = construction.endswith("_same")
+    attractor = {"pp_pp": "pp2", "intro_pp2": "pp"}.get(construction, construction.removesuffix("_same"))
     intro = "pp2" if construction == "intro_pp2" else grammar._choice(rng, ("pp", "clause"))
     intro_np = {"kind": "thing", "number": grammar._choice(rng, ("sg", "pl"))}
     target = dict(subject=subject, subject_number=number, attractor=attractor,
-                  attractor_number=_OTHER[number], predicate=predicate, intro=intro, intro_np=intro_np)
+                  attractor_number=number if same else _OTHER[number], predicate=predicate, intro=intro,
+                  intro_np=intro_np)
     forced = [None] * int(rng.random() < 0.5)
     if predicate == "fused":  # its object pronoun needs a singular person before it
         forced.append(dict(subject=grammar._choice(rng, ("person", "name"))))
     return forced + [target], number
+
+
+def _built_item(grammar, rng, construction, seq_len):
+    """One item of a construction the grammar does not generate (:data:`STRUCTURE`, :data:`ADVERB`).
+
+    Every noun is a thing ("the dog", "the cats"), so every noun has a number, drawn on its
+    own: the deciding noun's number is the answer (half singular), the others' numbers are
+    independent of it. The sentence opens with no introduction, a phrase or a clause (drawn),
+    follows one free sentence in half the items, and free sentences fill the sequence.
+
+    Returns:
+        ``(words, target, key, answer)``.
+    """
+    def thing(number=None):
+        number = number or grammar._choice(rng, ("sg", "pl"))
+        noun = grammar._choice(rng, THINGS)
+        return ["the", noun if number == "sg" else _plural(noun)], number
+
+    answer = grammar._choice(rng, ("sg", "pl"))
+    intro_kind = grammar._choice(rng, ("none", "pp", "clause"))
+    words, _ = grammar.intro(rng, intro_kind, {"kind": "thing", "number": grammar._choice(rng, ("sg", "pl"))})
+    if construction in ("orc_verb", "centre"):
+        outer, outer_number = thing()
+        words += outer + ["that"]
+        key = len(words) + 1
+        inner, _ = thing(answer)
+        words += inner
+        if construction == "centre":  # "the dog that the cats that the bird sees | chase"
+            third, third_number = thing()
+            words += ["that"] + third + [_verb(grammar._choice(rng, TRANSITIVE), third_number)]
+        target = len(words)
+        words += [_verb(grammar._choice(rng, TRANSITIVE), answer), _verb(grammar._choice(rng, INTRANSITIVE),
+                                                                         outer_number), "."]
+    elif construction in ("adverb_pp", "adverb"):  # "the birds (behind the tree) now | run"
+        subject, _ = thing(answer)
+        key = len(words) + 1
+        words += subject
+        if construction == "adverb_pp":
+            words += [grammar._choice(rng, PREPOSITIONS)] + thing()[0]
+        words.append(grammar._choice(rng, ADVERBS))
+        target = len(words)
+        if rng.random() < 0.5:
+            words += [_verb(grammar._choice(rng, INTRANSITIVE), answer), "."]
+        else:
+            words += [_verb(grammar._choice(rng, TRANSITIVE), answer)] + thing()[0] + ["."]
+    else:
+        raise ValueError(f"no built construction {construction!r}; built ones: {_BUILT}")
+    sequence = [BOS]
+    if rng.random() < 0.5:
+        sequence += grammar.sentence(rng, 1, None).words
+    start = len(sequence)
+    sequence += words
+    while len(sequence) < seq_len:
+        sequence += grammar.sentence(rng, len(sequence), None).words
+    if start + target >= seq_len:
+        raise ValueError(f"seq_len={seq_len} is too short for a {construction!r} item")
+    return sequence[:seq_len], start + target, start + key, answer
 
 
 def _coreference_item(grammar, rng, construction):
@@ -155,7 +233,9 @@ def make_probe_set(kind, n, seed, seq_len=SEQ_LEN, constructions=None):
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be a positive int; got {n!r}")
     default = AGREEMENT_CONSTRUCTIONS if kind == "agreement" else COREFERENCE_CONSTRUCTIONS
-    allowed = default + HELD_OUT[kind] + CONTROL.get(kind, ())
+    # (new constructions go at the end: a set's stream number comes from this order)
+    allowed = default + HELD_OUT[kind] + CONTROL.get(kind, ()) + SAME_NUMBER.get(kind, ()) + \
+        STRUCTURE.get(kind, ()) + ADVERB.get(kind, ())
     constructions = default if constructions is None else tuple(constructions)
     if not constructions or any(c not in allowed for c in constructions):
         raise ValueError(f"constructions for {kind!r} must be a non-empty list from {allowed}; got {constructions!r}")
@@ -166,12 +246,18 @@ def make_probe_set(kind, n, seed, seq_len=SEQ_LEN, constructions=None):
     rows, positions, correct, wrong, keys, built, answers, second = [], [], [], [], [], [], [], []
     for _ in range(n):
         construction = grammar._choice(rng, constructions)
-        forced, answer = make_item(grammar, rng, construction)
-        words, events, _, marks = grammar.sequence(rng, seq_len, forced)
-        # the main verb (not the verb of an introductory clause), or the pronoun
-        event = next(e for e in events[marks[-1]:] if e.relation == kind and (kind == "coreference" or e.across))
-        other = [e.key for e in events[marks[-1]:] if e.target == event.target and e.relation != kind]
-        second.append(other[0] if other else -1)
+        if construction in _BUILT:
+            words, target, key, answer = _built_item(grammar, rng, construction, seq_len)
+            right = words[target]
+            event = Event("agreement", target, key, right, other_number(right))
+            second.append(-1)
+        else:
+            forced, answer = make_item(grammar, rng, construction)
+            words, events, _, marks = grammar.sequence(rng, seq_len, forced)
+            # the main verb (not the verb of an introductory clause), or the pronoun
+            event = next(e for e in events[marks[-1]:] if e.relation == kind and (kind == "coreference" or e.across))
+            other = [e.key for e in events[marks[-1]:] if e.target == event.target and e.relation != kind]
+            second.append(other[0] if other else -1)
         rows.append(encode(words))
         positions.append(event.target)
         correct.append(encode([event.correct])[0])
@@ -263,6 +349,10 @@ _NOUN = {WORD_TO_ID[w]: f for w, f in _noun_features().items()}
 _PERIOD, _BECAUSE = WORD_TO_ID["."], WORD_TO_ID["because"]
 
 
+_SKIP_AFTER = {WORD_TO_ID[w] for w in PREPOSITIONS + SUBORDINATORS + ("because",)}
+_THE = WORD_TO_ID["the"]
+
+
 def shallow_baselines(probes):
     """Accuracy of rules that use position or surface form, not syntax.
 
@@ -270,18 +360,23 @@ def shallow_baselines(probes):
       sentence; coreference: the pronoun refers to the first noun of the previous
       sentence, or of its own sentence when a "because" comes before it. On the first
       version of this grammar (subjects always first) both scored 1.0;
+    * ``"first noun outside phrases"``: the same, skipping every noun that follows a
+      preposition or a subordinator ("when", "while", "because"; a "the" in between is
+      skipped too). A finite-state rule over word categories: it solves the default probes
+      (the grammar puts every subject there) and fails :data:`STRUCTURE`;
     * ``"nearest noun"``: the noun closest before the word to predict;
     * ``"majority"``: always the more frequent answer of each pair of forms in this set
       ("sg" or "pl"; "m" or "f").
 
-    A noun that says nothing about the two forms (a thing for "he"/"she") counts 1/2.
+    A noun that says nothing about the two forms (a thing for "he"/"she") counts 1/2, and
+    so does a rule that finds no noun.
 
     Returns:
         dict rule -> accuracy in [0, 1].
     """
     _check_probes(probes)
     kind = probes.kind
-    first, nearest = [], []
+    first, outside, nearest = [], [], []
     for row, t, answer in zip(probes.tokens, probes.positions, probes.answers):
         periods = [i for i in range(t) if row[i] == _PERIOD]
         start = periods[-1] + 1 if periods else 1
@@ -290,6 +385,8 @@ def shallow_baselines(probes):
             scope = range(periods[-2] + 1 if len(periods) > 1 else 1, start)  # the previous sentence
         nouns = [int(row[i]) for i in scope if int(row[i]) in _NOUN]
         first.append(_vote(_NOUN[nouns[0]], answer, kind) if nouns else 0.5)
+        free = [int(row[i]) for i in scope if int(row[i]) in _NOUN and not _after_phrase_word(row, i, scope.start)]
+        outside.append(_vote(_NOUN[free[0]], answer, kind) if free else 0.5)
         before = [int(row[i]) for i in range(1, t) if int(row[i]) in _NOUN]
         nearest.append(_vote(_NOUN[before[-1]], answer, kind) if before else 0.5)
     answers = list(probes.answers)
@@ -297,8 +394,34 @@ def shallow_baselines(probes):
     for pair in (("sg", "pl"), ("m", "f")):
         counts = [answers.count(a) for a in pair]
         majority += max(counts)
-    return {"first noun": float(np.mean(first)), "nearest noun": float(np.mean(nearest)),
-            "majority": majority / len(answers)}
+    return {"first noun": float(np.mean(first)), "first noun outside phrases": float(np.mean(outside)),
+            "nearest noun": float(np.mean(nearest)), "majority": majority / len(answers)}
+
+
+def _after_phrase_word(row, i, start):
+    """True when the noun at ``i`` follows a preposition or subordinator ("near the cats", "when mary")."""
+    j = i - 1
+    if j >= start and row[j] == _THE:
+        j -= 1
+    return j >= start and int(row[j]) in _SKIP_AFTER
+
+
+def attractor_matches(probes):
+    """For every item, the noun nearest before the word other than its key: does it ask for the same form?
+
+    Returns:
+        ``(n,)`` array of ``"same"`` (that noun has the answer's number, or gender), ``"other"``
+        (it asks for the other form) or ``"none"`` (no such noun, or one that says nothing
+        about the two forms, e.g. a thing for "he"/"she"). Attraction is the difference
+        between the model on "same" and on "other" items.
+    """
+    _check_probes(probes)
+    out = []
+    for row, t, key, answer in zip(probes.tokens, probes.positions, probes.keys, probes.answers):
+        before = [i for i in range(1, t) if int(row[i]) in _NOUN and i != key]
+        vote = _vote(_NOUN[int(row[before[-1]])], answer, probes.kind) if before else 0.5
+        out.append({1.0: "same", 0.0: "other"}.get(vote, "none"))
+    return np.array(out)
 
 
 def _vote(feature, answer, kind):
@@ -345,3 +468,65 @@ class Bigram:
         """Average next-token loss on ``tokens`` ``(B, N)`` (every token after the first)."""
         t = np.asarray(tokens)
         return float(-self.log_probs[t[:, :-1], t[:, 1:]].mean())
+
+
+class NGram:
+    """The next word from the ``order - 1`` words before it: counts on training text, with back-off.
+
+    For a probe item the two forms are compared on the longest context (at most ``order - 1``
+    words before the word, never crossing ``<bos>``) after which either form was seen in the
+    training text; the more frequent form wins, a tie is a coin flip (1/2). A 5-gram sees
+    "the cats near the box | ?" as "cats near the box | ?": it decides every item whose
+    deciding noun stands within four words of the verb.
+
+    Args:
+        order: n (default 5: four words of context).
+        n: sequences of training text to count (``sample_sequences(n, seed, stream=0)``).
+        seed: seed of that text.
+    """
+
+    def __init__(self, order=5, n=4096, seed=0):
+        if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 2 <= order <= 8:
+            raise ValueError(f"order must be an int in 2 .. 8; got {order!r}")
+        self.order = int(order)
+        tokens = sample_sequences(n, seed, stream=TRAIN_STREAM).tokens  # (n, N)
+        self._tables = []  # per context length k = 0 .. order - 1: sorted codes and their counts
+        for k in range(self.order):
+            codes = self._codes(tokens, k)  # (n, N - k): context of k words, then the word
+            keys, counts = np.unique(codes.ravel(), return_counts=True)
+            self._tables.append((keys, counts))
+
+    @staticmethod
+    def _codes(tokens, k):
+        n, length = tokens.shape
+        code = np.zeros((n, length - k), dtype=np.int64)
+        for j in range(k + 1):  # 7 bits per word: the vocabulary has fewer than 128 words
+            code = code * 128 + tokens[:, j:length - k + j]
+        return code
+
+    def _count(self, k, context, word):
+        keys, counts = self._tables[k]
+        code = 0
+        for w in list(context) + [word]:
+            code = code * 128 + int(w)
+        i = np.searchsorted(keys, code)
+        return int(counts[i]) if i < len(keys) and keys[i] == code else 0
+
+    def votes(self, probes):
+        """1 (right form more frequent), 0 (wrong) or 1/2 (tie) for every item: ``(n,)``."""
+        _check_probes(probes)
+        out = []
+        for row, t, right, wrong in zip(probes.tokens, probes.positions, probes.correct, probes.wrong):
+            vote = 0.5
+            for k in range(min(self.order - 1, t - 1), -1, -1):  # position 0 is <bos>: context starts at 1
+                context = row[t - k:t]
+                a, b = self._count(k, context, right), self._count(k, context, wrong)
+                if a or b:
+                    vote = 1.0 if a > b else 0.0 if b > a else 0.5
+                    break
+            out.append(vote)
+        return np.array(out)
+
+    def probe_accuracy(self, probes):
+        """Fraction right; a tie counts as a coin flip, 1/2."""
+        return float(self.votes(probes).mean())

@@ -80,13 +80,15 @@ def train_language(model, steps, *, batch_size=32, lr=3e-3, warmup=100, seed=0, 
                stop_after=stop_after)
 
 
-def token_losses(model, tokens, ablate=None, *, threads=1):
+def token_losses(model, tokens, ablate=None, *, threads=1, replace_z=None):
     """Cross-entropy of every next-token prediction.
 
     Args:
         model: a language :class:`~mhalib.decoder.Decoder`.
         tokens: ``(B, N)`` token ids (NumPy or torch).
         ablate: list of ``(layer, head)`` pairs to zero (see :meth:`~mhalib.decoder.Decoder.forward`).
+        replace_z: optional patches ``(layer, head) -> (B, N, d_head)`` (mean or resample
+            ablation: :func:`mhalib.interpret.ablation_kwargs`).
 
     Returns:
         NumPy ``(B, N)`` float64: entry ``[b, i]`` is the loss of predicting ``tokens[b, i]``
@@ -94,7 +96,7 @@ def token_losses(model, tokens, ablate=None, *, threads=1):
     """
     tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
     with measuring(model, threads):
-        logits = model(tokens, ablate=ablate)  # (B, N, V)
+        logits = model(tokens, ablate=ablate, replace_z=replace_z)  # (B, N, V)
     logp = torch.log_softmax(logits[:, :-1].double(), dim=-1)  # (B, N-1, V)
     nll = -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, N-1)
     out = np.full(tokens.shape, np.nan)
@@ -124,7 +126,7 @@ def lm_loss(model, n, seed, ablate=None):
     return loss_by_role(model, n, seed, ablate)["all"]
 
 
-def loss_by_role(model, n, seed, ablate=None):
+def loss_by_role(model, n, seed, ablate=None, *, replace_z=None):
     """Average loss on all tokens and on the tokens whose form a relation fixes.
 
     Same text as :func:`lm_loss`. Returns a dict of floats: ``"all"``; ``"agreement"``
@@ -132,11 +134,12 @@ def loss_by_role(model, n, seed, ablate=None):
     (tokens in either role: a verb carrying a pronoun is in both); ``"other"`` (tokens in
     neither); and ``"share_agreement"``, ``"share_coreference"``, ``"share_relation"``: the
     fraction of all predicted tokens in each role. ``all`` is exactly
-    ``share_relation * relation + (1 - share_relation) * other``.
+    ``share_relation * relation + (1 - share_relation) * other``. ``replace_z``: patches over
+    the ``(n, seq_len)`` text, as in :func:`token_losses`.
     """
     _check_n_seed(n, seed)
     batch = sample_sequences(n, seed, model.config.seq_len, stream=EVAL_STREAM)
-    losses = token_losses(model, batch.tokens, ablate)  # (B, N), NaN at <bos>
+    losses = token_losses(model, batch.tokens, ablate, replace_z=replace_z)  # (B, N), NaN at <bos>
     scored = ~np.isnan(losses)
     agreement, coreference = batch.roles["agreement"] & scored, batch.roles["coreference"] & scored
     relation = agreement | coreference
