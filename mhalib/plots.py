@@ -1,6 +1,7 @@
 """Plots shared by the notebooks: attention heatmaps with token labels.
 
-Colour map: ``cividis`` by default, readable in grey and by colour-blind readers.
+Colour map: ``cividis`` by default, readable in grey and by colour-blind readers. Lines
+of one plot differ by dash pattern or marker as well as by colour, and carry labels.
 This module imports matplotlib; nothing in the attention core imports it.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import matplotlib.pyplot as plt
 
-__all__ = ["CMAP", "MIN_LABEL_PX", "heatmap", "attention_grid"]
+__all__ = ["CMAP", "MIN_LABEL_PX", "LINESTYLES", "MARKERS", "heatmap", "attention_grid"]
 
 CMAP = "cividis"
 #: Smallest token label the heatmap grids draw, as a font size in pixels of the saved
@@ -18,6 +19,10 @@ CMAP = "cividis"
 MIN_LABEL_PX = 11
 #: A label's line height over its font size, with a small gap to the next label.
 _LINE = 1.25
+#: Dash patterns and markers that tell the lines of one plot apart without their colour
+#: (for readers who do not see the difference between two colours).
+LINESTYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 
 def heatmap(ax, matrix, *, xlabels=None, ylabels=None, title=None, vmin=0.0, vmax=1.0,
@@ -247,10 +252,11 @@ def training_curves(histories, *, window=20, marks=None, title=None):
         histories = {"": histories}
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
     colours = plt.get_cmap("viridis")(np.linspace(0, 0.85, max(len(histories), 1)))
-    for colour, (label, hist) in zip(colours, histories.items()):
+    for i, (colour, (label, hist)) in enumerate(zip(colours, histories.items())):
         for ax, key in ((ax_loss, "loss"), (ax_acc, "accuracy")):
             steps, values = _running_mean(hist[key], window)
-            ax.plot(steps, values, color=colour, label=label or None)
+            # each run its own dash pattern too: the legend does not rest on colour alone
+            ax.plot(steps, values, color=colour, linestyle=LINESTYLES[i % len(LINESTYLES)], label=label or None)
     for label, step in (marks or {}).items():
         for ax in (ax_loss, ax_acc):
             ax.axvline(step, color="grey", linestyle="--", linewidth=1)
@@ -285,9 +291,10 @@ def uptraining_curves(curves, *, reference=None, marks=None, title=None, ylabel=
     """
     fig, ax = plt.subplots(figsize=(8.5, 4.4), constrained_layout=True)
     colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, max(len(curves), 1)))
-    for colour, (label, (steps, losses)) in zip(colours, curves.items()):
-        style = {"color": colour, **((styles or {}).get(label, {}))}
-        ax.plot(steps, losses, label=label, marker="o", markersize=3, **style)
+    for i, (colour, (label, (steps, losses))) in enumerate(zip(colours, curves.items())):
+        # each curve its own marker too: the legend does not rest on colour alone
+        style = {"color": colour, "marker": MARKERS[i % len(MARKERS)], **((styles or {}).get(label, {}))}
+        ax.plot(steps, losses, label=label, markersize=4, **style)
     if reference is not None:
         ax.axhline(reference, color="black", linewidth=1, label="original MHA model")
     if log:

@@ -41,6 +41,8 @@ __all__ = [
     "explorer_box",
     "labelled_vbox",
     "ACCESSIBLE_NAMES_JS",
+    "FIGURE_ALT_CLASS",
+    "SLIDER_NAMES_CLASS",
     "show_view",
     "connect",
     "Panel",
@@ -58,12 +60,15 @@ class View:
         figure: a matplotlib Figure, or ``None`` when there is nothing to draw.
         ok: ``False`` when the slider combination is impossible and ``html`` explains why.
         data: the numbers behind the view (shapes, counts), for tests and for the curious.
+        alt: what the figure shows, in words: its alternative text for a reader who cannot
+            see it (the explorer puts it on the figure; see :data:`ACCESSIBLE_NAMES_JS`).
     """
 
     html: str = ""
     figure: Any = None
     ok: bool = True
     data: dict = field(default_factory=dict)
+    alt: str = ""
 
     @property
     def text(self) -> str:
@@ -151,6 +156,11 @@ def choice_slider(description, options, value, **kwargs):
                              style={"description_width": "initial"}, **kwargs)
 
 
+#: Class of the hidden element, inside an explorer's message, that holds its figure's alt text.
+FIGURE_ALT_CLASS = "mhalib-figure-alt"
+#: Class of the script element that :data:`ACCESSIBLE_NAMES_JS` is shown in.
+SLIDER_NAMES_CLASS = "mhalib-slider-names"
+
 #: Gives each explorer slider in the page its accessible name and its value in words.
 #: ipywidgets 8 (8.1.9, measured in JupyterLab 4.6) draws a slider as a noUiSlider handle:
 #: a ``div`` with role "slider", reachable with Tab and moved with the arrow keys, Home and
@@ -158,10 +168,15 @@ def choice_slider(description, options, value, **kwargs):
 #: ``<label>`` tied to no control (a drop-down's is tied to its ``<select>``), so a screen
 #: reader says "slider 2" and axe reports it (aria-input-field-name, serious); and a
 #: SelectionSlider's aria-valuetext is the option's index ("3.00"), not the option ("24").
-#: ipywidgets has no option for either, so the explorer adds this script beside itself
-#: (:meth:`LabelledVBox._ipython_display_`): it points each handle's aria-labelledby at its
-#: label and keeps aria-valuetext equal to the readout the slider shows, also after a
-#: move or a redraw. JupyterLab runs it in outputs of the running session (trusted) only.
+#: The readout beside it is an editable field (type a value, press Enter) with no name
+#: either. And JupyterLab draws the figure of an Output widget as an image without alt.
+#: ipywidgets has no option for any of these, so the explorer adds this script beside
+#: itself (:meth:`LabelledVBox._ipython_display_`): it points each handle's and readout's
+#: aria-labelledby at the slider's label, keeps aria-valuetext equal to the readout, and
+#: tells which of a row of toggle buttons is on (aria-pressed; ipywidgets shows it by
+#: colour alone), gives the figure the alt text of its view (:attr:`View.alt`, carried hidden in the
+#: message, class :data:`FIGURE_ALT_CLASS`), also after a move or a redraw. JupyterLab runs it in outputs of the running
+#: session (trusted) only.
 ACCESSIBLE_NAMES_JS = """
 (function () {
   const name = (root) => {
@@ -174,13 +189,34 @@ ACCESSIBLE_NAMES_JS = """
       const readout = s.querySelector('.widget-readout');
       const text = readout ? (readout.innerText || readout.textContent || '').trim() : '';
       if (text && handle.getAttribute('aria-valuetext') !== text) handle.setAttribute('aria-valuetext', text);
+      if (readout && readout.getAttribute('aria-labelledby') !== label.id) {
+        readout.setAttribute('aria-labelledby', label.id);
+        if (readout.isContentEditable) readout.setAttribute('role', 'textbox');
+      }
+    });
+    root.querySelectorAll('.mhalib-explorer .widget-toggle-buttons').forEach((group) => {
+      const label = group.querySelector('.widget-label');
+      if (label && label.textContent.trim()) {
+        if (!label.id) label.id = 'mhalib-group-label-' + Math.random().toString(36).slice(2);
+        group.setAttribute('role', 'group');
+        group.setAttribute('aria-labelledby', label.id);
+      }
+      group.querySelectorAll('button').forEach((b) => {
+        const pressed = String(b.classList.contains('mod-active'));
+        if (b.getAttribute('aria-pressed') !== pressed) b.setAttribute('aria-pressed', pressed);
+      });
+    });
+    root.querySelectorAll('.mhalib-explorer').forEach((box) => {
+      const text = box.querySelector('.mhalib-figure-alt');
+      const alt = text ? text.textContent : '';
+      box.querySelectorAll('.mhalib-explorer-output img').forEach((img) => { if (img.alt !== alt) img.alt = alt; });
     });
   };
   name(document);
   if (!window.mhalibSliderNames) {
     window.mhalibSliderNames = new MutationObserver(() => name(document));
     window.mhalibSliderNames.observe(document.body, {subtree: true, childList: true, characterData: true,
-                                                     attributes: true, attributeFilter: ['aria-valuenow']});
+                                                     attributes: true, attributeFilter: ['aria-valuenow', 'class']});
   }
 })();
 """
@@ -208,11 +244,12 @@ def _labelled_vbox_class():
 
         def _ipython_display_(self):
             """The widget, then (for an explorer) the script that names its sliders."""
-            from IPython.display import HTML, display
+            from IPython.display import display
 
             display(self._repr_mimebundle_(), raw=True)
-            if self._name_sliders:
-                display(HTML(f'<script class="mhalib-slider-names">{ACCESSIBLE_NAMES_JS}</script>'))
+            if self._name_sliders:  # no plain text: a viewer without HTML shows nothing for it
+                display({"text/html": f'<script class="{SLIDER_NAMES_CLASS}">{ACCESSIBLE_NAMES_JS}</script>',
+                         "text/plain": ""}, raw=True)
 
     return LabelledVBox
 
@@ -275,7 +312,12 @@ def show_view(view: View, msg, out) -> None:
     set in the kernel travels one way, kernel to front end, like any other slider or
     text, and the redraw is synchronous: when the call returns, everything is sent.
     """
-    msg.value = view.html
+    # The figure's text rides, hidden, with the message; ACCESSIBLE_NAMES_JS copies it to the
+    # image's alt. (Not as the Output's tooltip: ipywidgets 8.1.9's OutputView fails to draw
+    # with one, reading the description an Output does not have.)
+    alt = (f'<span class="{FIGURE_ALT_CLASS}" hidden>{html.escape(view.alt)}</span>'
+           if view.figure is not None and view.alt else "")
+    msg.value = view.html + alt
     out.outputs = (figure_output(view.figure),) if view.figure is not None else ()
     if view.figure is not None and getattr(view.figure.canvas, "manager", None) is not None:
         import matplotlib.pyplot as plt  # a pyplot figure: close it, or pyplot keeps it

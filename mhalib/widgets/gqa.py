@@ -131,7 +131,13 @@ def _render_gqa(num_heads, num_kv_heads, context_length=4096):
     data = dict(num_heads=h, num_kv_heads=g, group_size=rep, groups=groups, context_length=n,
                 cache_bytes=total, mha_bytes=mha, mqa_bytes=mqa, per_layer_bytes=per_layer,
                 query_projections=h, kv_projections=g)
-    return View(html=text, figure=fig, ok=True, data=data)
+    joins = (f"lines joining each run of {rep} consecutive query heads to the K/V head they share" if rep > 1
+             else "a line joining each query head to a K/V head of its own")
+    alt = (f"Diagram of {kind}: {h} query head{'s' if h > 1 else ''} in a row above {g} K/V "
+           f"head{'s' if g > 1 else ''}, {joins}, one colour per group. Below, bars of the KV cache "
+           f"at {n:,} tokens: MHA (g = {h}) {format_bytes(mha)}, this setting (g = {g}) "
+           f"{format_bytes(total)}, MQA (g = 1) {format_bytes(mqa)}.")
+    return View(html=text, figure=fig, ok=True, data=data, alt=alt)
 
 
 def render_gqa(num_heads, num_kv_heads, context_length=4096):

@@ -29,6 +29,9 @@ __all__ = ["CONTEXT_OPTIONS", "DTYPE_BYTES", "render_kv", "kv_explorer", "WINDOW
 CONTEXT_OPTIONS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 #: Bytes per element of the cache for each storage type.
 DTYPE_BYTES = {"fp32": 4, "fp16 / bf16": 2, "int8": 1}
+#: Markers and dash patterns that tell the lines apart without their colour.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+LINESTYLES = ("-", "--", "-.", ":")
 
 
 def _cache_axes(ax, ns, dtype, b):
@@ -88,12 +91,13 @@ def _render_kv(context_length, num_kv_heads, model="Llama-2-7B", dtype="fp16 / b
     ns = np.array(CONTEXT_OPTIONS, dtype=float)
     names = list(MODEL_CONFIGS)
     colours = [colormaps["viridis"](i / max(len(names) - 1, 1)) for i in range(len(names))]
-    for name, colour in zip(names, colours):
+    for i, (name, colour) in enumerate(zip(names, colours)):
         m = MODEL_CONFIGS[name]
         per = kv_cache_bytes(m["num_layers"], m["num_kv_heads"], m["head_dim"], 1, batch_size=b,
                              bytes_per_element=bpe)
-        ax.plot(ns, ns * per / 2**30, color=colour, lw=1.2, alpha=0.8,
-                label=f"{name} (g = {m['num_kv_heads']})")
+        # a marker of its own beside the colour: the legend does not rest on colour alone
+        ax.plot(ns, ns * per / 2**30, color=colour, lw=1.2, alpha=0.8, marker=MARKERS[i % len(MARKERS)],
+                markersize=4, label=f"{name} (g = {m['num_kv_heads']})")
     ax.plot(ns, ns * per_token * b / 2**30, color="black", lw=2.5, ls="--",
             label=f"{model} with g = {g}")
     ax.plot([n], [total / 2**30], "o", color="black", ms=8)
@@ -108,7 +112,12 @@ def _render_kv(context_length, num_kv_heads, model="Llama-2-7B", dtype="fp16 / b
     data = dict(model=model, num_heads=h, num_kv_heads=g, context_length=n, batch_size=b,
                 bytes_per_element=bpe, bytes_per_token=per_token, total_bytes=total, released_bytes=own,
                 reduction=h // g)
-    return View(html=text, figure=fig, ok=True, data=data)
+    released = ", ".join(f"{k} g = {v['num_kv_heads']}" for k, v in MODEL_CONFIGS.items())
+    alt = (f"Log-log chart of the KV cache ({dtype}" + (f", batch {b}" if b > 1 else "") + ") against the "
+           f"context length, {CONTEXT_OPTIONS[0]} to {CONTEXT_OPTIONS[-1] // 1024}k tokens: a straight line per "
+           f"released model ({released}), "
+           f"and {model} with g = {g} as a thick dashed black line, {format_bytes(total)} at {n:,} tokens.")
+    return View(html=text, figure=fig, ok=True, data=data, alt=alt)
 
 
 def render_kv(context_length, num_kv_heads, model="Llama-2-7B", dtype="fp16 / bf16", batch_size=1):
@@ -214,8 +223,10 @@ def _render_cache_kinds(context_length, window=4096, batch_size=1):
     for i, (label, per, cap) in enumerate(kinds):
         colour = colormaps["viridis"](i / (len(kinds) - 1))
         held = np.minimum(ns, cap) if cap else ns
-        ax.plot(ns, held * per * b / 2**30, color=colour, lw=2, label=label)
-        ax.plot([n], [totals[label] / 2**30], "o", color=colour, ms=7)
+        # a marker and a dash pattern of its own: the legend does not rest on colour alone
+        style = dict(color=colour, marker=MARKERS[i % len(MARKERS)], linestyle=LINESTYLES[i % len(LINESTYLES)])
+        ax.plot(ns, held * per * b / 2**30, lw=2, markersize=5, label=label, **style)
+        ax.plot([n], [totals[label] / 2**30], color=colour, marker=style["marker"], ms=9, linestyle="none")
     ax.axvline(n, color="black", lw=0.8, ls="--")
     _cache_axes(ax, ns, "fp16 / bf16", b)
     ax.set_title("Fewer K/V heads shift the line down, a latent shifts it further, a window flattens it")
@@ -224,7 +235,11 @@ def _render_cache_kinds(context_length, window=4096, batch_size=1):
     ax.legend(fontsize=7, loc="upper left")
     data = dict(context_length=n, window=w, batch_size=b,
                 bytes_per_token={label: per for label, per, _ in kinds}, total_bytes=totals)
-    return View(html=text, figure=fig, ok=True, data=data)
+    alt = (f"Log-log chart of the KV cache in fp16/bf16" + (f", batch {b}," if b > 1 else "") + " against the "
+           f"context length, one line per design, with a point at {n:,} tokens (dashed vertical line): "
+           + "; ".join(f"{label} {format_bytes(totals[label])}"
+                       + (f", flat from {cap:,} tokens on" if cap else "") for label, per, cap in kinds) + ".")
+    return View(html=text, figure=fig, ok=True, data=data, alt=alt)
 
 
 def render_cache_kinds(context_length, window=4096, batch_size=1):

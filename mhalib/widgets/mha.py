@@ -191,7 +191,20 @@ def _render_mha(d_model, num_heads, sentence):
     data = dict(d_model=d_model, num_heads=num_heads, d_head=d_head, tokens=tokens, params=params,
                 num_heatmaps=fig.mhalib_panels, shapes={name: shape for name, _, shape in rows},
                 weights=f["weights"])
-    return View(html=summary, figure=fig, ok=True, data=data)
+    alt = (f"{num_heads} heatmap{'s' if num_heads > 1 else ''} of attention weights, one per head, "
+           f"d_model {d_model}, d_head {d_head}, on the {n} tokens '{' '.join(map(str, tokens))}' (rows: "
+           f"queries, columns: keys; dark 0 to yellow 1). Each head's strongest weight: "
+           + _strongest(f["weights"], tokens, "head") + ".")
+    return View(html=summary, figure=fig, ok=True, data=data, alt=alt)
+
+
+def _strongest(weights, tokens, name, first=0):
+    """'head 0: 'sat' on 'on' 0.95; ...': each map's largest weight, in words (for alt text)."""
+    parts = []
+    for h, w in enumerate(np.asarray(weights)):
+        q, k = np.unravel_index(int(np.argmax(w)), w.shape)
+        parts.append(f"{name} {h + first}: '{tokens[q]}' on '{tokens[k]}' {w[q, k]:.2f}")
+    return "; ".join(parts)
 
 
 def render_mha(d_model, num_heads, sentence="The cat sat on"):
@@ -303,7 +316,16 @@ def _render_trained(layer, sentence):
                "same tokens: the mechanics are the same, the patterns come from training.</p>")
     data = dict(layer=layer, tokens=words, trained=trained, random=rand, num_heatmaps=fig.mhalib_panels,
                 d_model=d_model, num_heads=num_heads)
-    return View(html=summary, figure=fig, ok=True, data=data)
+    last = len(words) - 1
+    alt = (f"Two rows of {num_heads} causal attention heatmaps on '{' '.join(words)}' (rows: queries, "
+           f"columns: keys; dark 0 to yellow 1): top, the trained model's layer {layer}; bottom, random "
+           f"projections of the same sizes. Where the last token '{words[last]}' looks most, trained: "
+           + "; ".join(f"H{h} '{words[int(np.argmax(trained[h, last]))]}' {float(trained[h, last].max()):.2f}"
+                       for h in range(num_heads))
+           + "; random: "
+           + "; ".join(f"H{h} '{words[int(np.argmax(rand[h, last]))]}' {float(rand[h, last].max()):.2f}"
+                       for h in range(num_heads)) + ".")
+    return View(html=summary, figure=fig, ok=True, data=data, alt=alt)
 
 
 def render_trained(layer=1, sentence=TRAINED_SENTENCES[0]):
@@ -404,7 +426,13 @@ def _render_step(step, d_model, num_heads, sentence, causal):
     data = dict(step=step, index=index, shapes=shapes, num_panels=fig.mhalib_panels, n=n,
                 d_model=d_model, num_heads=num_heads, causal=causal,
                 matrices=[np.asarray(p.matrix) for p in panels])
-    return View(html=summary, figure=fig, ok=True, data=data)
+    values = np.concatenate([np.asarray(p.matrix, dtype=float).ravel() for p in panels])
+    finite = values[np.isfinite(values)]
+    alt = (f"Step {index + 1} of {len(STEPS)}, {step}, on '{' '.join(f['tokens'])}': "
+           + "; ".join(f"{p.title}" for p in panels)
+           + f"; rows are tokens, each cell shows its value, from {finite.min():.2f} to {finite.max():.2f}"
+           + (", with -inf above the diagonal (masked)" if not np.isfinite(values).all() else "") + ".")
+    return View(html=summary, figure=fig, ok=True, data=data, alt=alt)
 
 
 def render_step(step, d_model=8, num_heads=2, sentence="The cat sat on", causal=True):
