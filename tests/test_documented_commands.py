@@ -240,7 +240,9 @@ def test_the_nbgrader_flow_runs_as_documented(tmp_path_factory):
     """make nbgrader, the source notebooks, generate_assignment, validate, the course's check,
     autograde, export and feedback, as written, with no .venv on PATH: nbgrader finds its own
     programs (alembic), the copy of exercises/ with the work in it gets its test cells back
-    and full marks, and the two copies of exercises/ are named with what to submit instead."""
+    and full marks, and the two copies of exercises/ are named with what to submit instead.
+    autograde's scores come from the course's grader, in its sandbox, as the guide says."""
+    needs_sandbox()
     course, results = nbgrader_flow(tmp_path_factory)
     assert_ran(results, {"--check": 1})
     by_line = {line.split("#")[0].strip(): output for line, _, output in results}
@@ -255,6 +257,9 @@ def test_the_nbgrader_flow_runs_as_documented(tmp_path_factory):
     autograde = next(out for line, out in by_line.items() if " autograde " in line)
     assert re.search(rf"WARNING\] submitted/bob/{KEY}/{KEY}\.ipynb: it has none of the 3 test cells", autograde), \
         autograde[-3000:]
+    for student, points in (("ada", 8), ("bob", 8), ("eve", 0)):
+        assert f"{student}/{KEY}: {points} / 8 from the course's grader (bubblewrap sandbox)" in autograde, \
+            autograde[-3000:]
     scores = {row["student_id"]: (float(row["score"]), float(row["max_score"]))
               for row in csv.DictReader((mycourse / "grades.csv").open())}
     assert scores == {"ada": (8.0, 8.0), "bob": (8.0, 8.0), "eve": (0.0, 8.0)}

@@ -26,16 +26,26 @@ Then, in ``COURSE_DIR``::
 ``python -m mhalib.grade.nbgrader --check COURSE_DIR NN`` lists the same problems for every
 student folder under ``submitted/``, before or after autograding (exit status 1 when any).
 
-nbgrader runs the notebook in a plain kernel, with no sandbox: use the course grader
-(``python -m mhalib.grade``) for submissions you do not trust.
+The same ``nbgrader_config.py`` sets ``Autograde.autograde_preprocessors`` to nbgrader's own
+list with its ``Execute`` step (which runs the notebook in a Jupyter kernel, as the
+instructor, with ``gradebook.db`` writable) replaced by :func:`sandbox_grade`: the course's
+grader (``.venv/bin/python -m mhalib.grade``, bubblewrap) grades a copy of the notebook in its
+sandbox, and each test cell gets, as its output, the points the sandbox gave its check, which
+nbgrader's ``SaveAutoGrades`` records. No code of the submission runs in nbgrader's process
+or in a kernel; without a sandbox nothing is graded. nbgrader's default, the notebook in a
+kernel, lets a submission set anyone's grade: fine for practice, never for marks.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import os
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from mhalib.grade import exercises as registry
@@ -64,6 +74,23 @@ c.OverwriteCells.missing_cell_notification = {MISSING_CELL_NOTE!r}
 from mhalib.grade.nbgrader import pre_convert_hook  # noqa: E402
 
 c.Autograde.pre_convert_hook = pre_convert_hook
+
+# Scores come from the course's grader, which runs each notebook in its sandbox (bubblewrap), never
+# in a Jupyter kernel: nbgrader's own list of autograde steps (nbgrader 0.9.6) with its Execute step
+# replaced by sandbox_grade, which writes each check's points into its test cell for SaveAutoGrades
+# to record. Without this setting nbgrader runs every submission in a kernel as you, where it can
+# set any student's grade in gradebook.db (docs/instructors.md, "Grading with nbgrader").
+from mhalib.grade.nbgrader import sandbox_grade  # noqa: E402
+
+c.Autograde.autograde_preprocessors = [
+    sandbox_grade,
+    "nbgrader.preprocessors.IgnorePattern",
+    "nbconvert.preprocessors.ClearMetadataPreprocessor",
+    "nbgrader.preprocessors.LimitOutput",
+    "nbgrader.preprocessors.SaveAutoGrades",
+    "nbgrader.preprocessors.AssignLatePenalties",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
 '''
 
 
@@ -238,16 +265,158 @@ def pre_convert_hook(assignment=None, student=None, notebooks=(), **_):
         log.warning("%s", problem)
 
 
+# ----------------------------------------------------------------------------- scores from the sandbox
+class SandboxGradingError(RuntimeError):
+    """The course's grader did not grade a submission: nbgrader records no score for it."""
+
+
+def course_python():
+    """The course's Python (``.venv/bin/python`` of the course folder), which runs the grader."""
+    return ROOT / ".venv" / "bin" / "python"
+
+
+def _isolation(output):
+    found = re.search(r"^Isolation: (.*)$", output or "", re.M)
+    return found.group(1) if found else ""
+
+
+def grade_in_sandbox(nb, ex, python=None, timeout=600):
+    """Grade notebook ``nb`` (a parsed notebook) as exercise ``ex`` with the course's grader, in
+    its sandbox: ``python -m mhalib.grade FILE --exercise KEY --results R`` in a subprocess, on a
+    copy whose test cells are tagged ``grader-skip`` (they call ``score``, which has no place
+    there). Returns ``(isolation, notes, {check name: gradescope test dict})``, ``notes`` being
+    what the grader said about the whole notebook (a syntax error, errors while it ran). Raises
+    :class:`SandboxGradingError` when the grader graded nothing (no sandbox, an error); it never
+    falls back to running the code elsewhere."""
+    python = Path(python or course_python())
+    if not python.exists():
+        raise SandboxGradingError(f"no course Python at {python}: run `make install` in the course folder "
+                                  f"({ROOT}); the course's grader runs with it")
+    tests = {score_grade_id(g) for g in ex.graded}
+    sent = copy.deepcopy(nb)
+    for cell in sent["cells"]:  # skipped, not removed: the grader names cells by their number
+        meta = _dict(_dict(cell).get("metadata"))
+        if _dict(meta.get("nbgrader")).get("grade_id") in tests:
+            meta["tags"] = [*(meta.get("tags") if isinstance(meta.get("tags"), list) else []), "grader-skip"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    with tempfile.TemporaryDirectory(prefix="mhalib-nbgrader-") as tmp:
+        submission, results = Path(tmp, f"{ex.key}.ipynb"), Path(tmp, "results.json")
+        submission.write_text(json.dumps(sent), encoding="utf-8")
+        command = [str(python), "-m", "mhalib.grade", str(submission), "--exercise", ex.key, "--results",
+                   str(results), "--quiet"]
+        try:
+            proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise SandboxGradingError(f"the course's grader did not finish in {timeout} s") from None
+        said = (proc.stderr.strip() or proc.stdout.strip())[-600:]
+        if proc.returncode == 3:
+            raise SandboxGradingError(f"the course's grader refused to run student code: no sandbox ({said}). "
+                                      f"Nothing was graded; install bubblewrap (docs/instructors.md, \"Grading "
+                                      f"a class in one command\")")
+        try:
+            result = json.loads(results.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise SandboxGradingError(f"the course's grader wrote no results (exit status {proc.returncode}): "
+                                      f"{said}") from None
+    isolation = _isolation(result.get("output"))
+    if not isolation.startswith("bubblewrap"):
+        raise SandboxGradingError(f"the course's grader did not grade in its sandbox (isolation: "
+                                  f"{isolation or 'not said'}): no score recorded")
+    checks = {t.get("name"): t for t in result.get("tests", [])}
+    missing = [g.name for g in ex.graded if g.name not in checks]
+    if missing or "(NOT GRADED)" in result.get("output", ""):
+        raise SandboxGradingError(f"the course's grader did not grade {', '.join(missing) or 'the notebook'}: "
+                                  f"{result.get('output', said)[:600]}")
+    notes = [line for line in result.get("output", "").splitlines()[1:] if not line.startswith("Isolation: ")]
+    return isolation, notes, checks
+
+
+def fill_test_cells(nb, ex, isolation, notes, checks):
+    """Give each test cell of ``nb`` the sandbox's result for its check as its output: what the
+    grader said (stdout; the first test cell also gets ``notes``, about the whole notebook) and
+    the points (an ``execute_result``, nbgrader's partial credit). Every other output a test
+    cell had is dropped. Returns ``{grade_id: points}``."""
+    import nbformat
+
+    points = {}
+    for i, graded in enumerate(ex.graded):
+        check = checks[graded.name]
+        earned = min(max(float(check["score"]), 0.0), float(graded.points))
+        points[score_grade_id(graded)] = earned
+        mark = "\u2714" if earned == graded.points else "\u2718"
+        text = (f"{mark} {graded.name}: {earned:g} of {graded.points:g} points from the course's grader, which ran "
+                f"this notebook in its {isolation.split(' (')[0]} (this cell did not run)\n"
+                f"{check.get('output', '')}\n" + "".join(f"{note}\n" for note in (notes if i == 0 else ())))
+        for cell in nb.cells:
+            if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == score_grade_id(graded):
+                cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text),
+                                nbformat.v4.new_output("execute_result", data={"text/plain": repr(earned)},
+                                                       execution_count=None)]
+                cell.execution_count = None
+    return points
+
+
+def gradebook_triggers(db_url):
+    """The names of the triggers in an SQLite gradebook (``sqlite:///PATH``; other databases: ``[]``).
+
+    nbgrader makes none: one in ``gradebook.db`` was put there by code that could write it, such
+    as a submission run in nbgrader's kernel, and it can rewrite any grade recorded later."""
+    import sqlite3
+
+    if not str(db_url).startswith("sqlite:///"):
+        return []
+    path = Path(str(db_url)[len("sqlite:///"):])
+    if not path.is_file():
+        return []
+    db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")]
+    finally:
+        db.close()
+
+
+def sandbox_grade(nb, resources):
+    """An nbgrader autograde step, in place of its ``Execute``: grade one student's notebook of
+    ``resources["nbgrader"]["assignment"]`` with :func:`grade_in_sandbox` and put each check's
+    points into its test cell (:func:`fill_test_cells`), for ``SaveAutoGrades`` to record.
+    Nothing of the notebook runs in this process or in a kernel. Raises (nbgrader then reports
+    an error for that student and records no score) for an assignment that is not one of the
+    course's exercises, or when the sandbox graded nothing."""
+    info = resources.get("nbgrader", {})
+    ex = registry.get(info.get("assignment") or "")
+    if ex is None:
+        raise SandboxGradingError(f"assignment {info.get('assignment')!r} is not one of the course's exercises "
+                                  f"({', '.join(registry.all_exercises())}): the course's grader cannot grade it")
+    planted = gradebook_triggers(info.get("db_url", ""))
+    if planted:
+        raise SandboxGradingError(
+            f"the gradebook has triggers ({', '.join(planted)}), which nbgrader never makes: code that could write "
+            f"it put them there (a submission run in nbgrader's kernel can), and they can rewrite every grade "
+            f"recorded from now on. No score recorded; start from a new gradebook (docs/instructors.md, "
+            f"\"Grading with nbgrader\")")
+    isolation, notes, checks = grade_in_sandbox(nb, ex)
+    points = fill_test_cells(nb, ex, isolation, notes, checks)
+    _log().info("%s/%s: %g / %g from the course's grader (%s)", info.get("student"), ex.key, sum(points.values()),
+                ex.max_score, isolation.split(" (")[0])
+    return nb, resources
+
+
 def _write_config(course_dir):
     """Write ``nbgrader_config.py`` unless the course has one; returns what was done, in words."""
     path = Path(course_dir) / "nbgrader_config.py"
     if path.exists():
-        if path.read_text(encoding="utf-8") == CONFIG:
+        text = path.read_text(encoding="utf-8")
+        if text == CONFIG:
             return f"{path} is this course's"
-        return (f"kept {path} (not written by this tool): for submissions that are not the released notebook "
-                f"to be named and graded, add these settings to it:\n\n{CONFIG}")
+        unsafe = "" if "sandbox_grade" in text else (
+            "; as it is, nbgrader autograde runs each submission in a Jupyter kernel as you, where a submission "
+            "can set any student's grade (docs/instructors.md, \"Grading with nbgrader\")")
+        return (f"kept {path} (not written by this tool){unsafe}: for scores from the course's grader in its "
+                f"sandbox, and for submissions that are not the released notebook to be named and graded, add "
+                f"these settings to it:\n\n{CONFIG}")
     path.write_text(CONFIG, encoding="utf-8")
-    return f"wrote {path}: missing test cells are put back, and misfiled submissions named, at autograde"
+    return (f"wrote {path}: at autograde, the course's grader gives the scores from its sandbox, missing test "
+            f"cells are put back, and misfiled submissions named")
 
 
 def main(argv=None):
