@@ -357,3 +357,30 @@ def test_check_and_the_grader_share_one_judging_step(monkeypatch, capsys):
     assert check("causal_mask", causal_mask), capsys.readouterr().out
     assert seen and {name for name, _ in seen} == {"causal_mask", "causal_mask (n < 1)"}
     assert ("causal_mask", "ok") in seen
+
+
+def test_an_error_message_is_judged_on_the_values_it_names(capsys):
+    """A ValueError passes when its message names the values given, in any words; one without them
+    fails, and the feedback never calls the learner's own message NumPy's; NumPy's own message
+    (no check at all) is named as such."""
+    def own_words(x, num_heads):
+        if x.shape[-1] % num_heads:
+            raise ValueError(f"{x.shape[-1]} columns do not split into {num_heads} equal heads")
+        return wrong.split(x, num_heads)
+
+    def vague(x, num_heads):
+        if x.shape[-1] % num_heads:
+            raise ValueError("that number of heads is not divisible into the model width")
+        return wrong.split(x, num_heads)
+
+    def unchecked(x, num_heads):
+        *lead, n, d = x.shape
+        return np.swapaxes(x.reshape(*lead, n, num_heads, d // num_heads), -3, -2)
+
+    assert check("split_heads", own_words) is True
+    assert "\u2718" not in capsys.readouterr().out
+    assert check("split_heads", vague) is False
+    out = capsys.readouterr().out
+    assert "but the message does not name what was given (" in out and "NumPy" not in out, out
+    assert check("split_heads", unchecked) is False
+    assert "that is the message NumPy or PyTorch writes for shapes that do not fit" in capsys.readouterr().out

@@ -75,6 +75,8 @@ from torch import nn
 class MultiHeadAttention(nn.Module):
     def __init__(self, d_model, num_heads):
         super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"{num_heads} heads cannot share d_model={d_model} equally")
         self.num_heads, self.head_dim = num_heads, d_model // num_heads
         for name in ("W_Q", "W_K", "W_V", "W_O"):
             setattr(self, name, nn.Linear(d_model, d_model, bias=False))

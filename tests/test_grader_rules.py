@@ -4,11 +4,14 @@ Each row takes a correct answer (``ANSWERS`` of test_grader_exercises.py, writte
 independently of mhalib), breaks one rule the exercise states the way a learner would, and
 asks both judges: the grader (on inputs it draws, in its sandbox) must take points off that
 check, and ``check()`` (the visible tests, in this process) must reject it. Both must name
-the mistake. The unbroken answers get full marks from both.
+the mistake. The unbroken answers get full marks from both, and so do the right answers
+written another way (``RIGHT``). Every mutant fails on every draw, not by chance: the rules
+are tested by cases drawn on every seed (``test_every_mutant_loses_points_on_every_draw``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from mhalib.check import check
@@ -121,7 +124,7 @@ MUTANTS = [
      SPLIT.format(refuse="", body="x.reshape(*lead, num_heads, n, d // num_heads)"), "wrong order"),
     ("02", "split_heads", "ValueError saying what was given when num_heads does not divide d_model",
      SPLIT.format(refuse="", body="np.swapaxes(x.reshape(*lead, n, num_heads, d // num_heads), -3, -2)"),
-     "does not name what was given"),
+     "shapes that do not fit"),
     ("02", "merge_heads", "swap H and N back before reshaping",
      "\ndef merge_heads(x):\n    *lead, h, n, d = x.shape\n    return x.reshape(*lead, n, h * d)\n", "mixed"),
     ("02", "multi_head_attention", "scores scaled by sqrt(d_head), not sqrt(d_model)",
@@ -135,6 +138,9 @@ MUTANTS = [
           "w = np.exp(s - s.max(-1, keepdims=True))\n    w /= w.sum(-1, keepdims=True)",
           "w = np.exp(s - s.max(-2, keepdims=True))\n    w /= w.sum(-2, keepdims=True)", "\ndef _attend"),
      "wrong axis"),
+    ("02", "multi_head_attention", "the mask broadcasts as it is: x without a batch axis gets none",
+     edit(ANSWERS["02_multi_head_attention"].split("def _attend")[1].split("def multi_head")[0],
+          "s = s + mask", "s = s + np.asarray(mask)[None, None]", "\ndef _attend"), "the mask gained axes"),
     ("02", "multi_head_attention", "merge the heads, then multiply by w_o",
      edit(ANSWERS["02_multi_head_attention"].split("def _attend")[0].join(["", ""]) + "def multi_head" +
           ANSWERS["02_multi_head_attention"].split("def multi_head")[1], "merge_heads(z) @ w_o", "merge_heads(z)", "\n"),
@@ -142,6 +148,11 @@ MUTANTS = [
     # ------------------------------------------------------------------ 03
     ("03", "MultiHeadAttention", "scores scaled by sqrt(d_head)",
      edit(MHA03, "math.sqrt(self.head_dim)", "math.sqrt(d)", "\n"), "sqrt(d_model)"),
+    ("03", "MultiHeadAttention", "__init__ raises ValueError naming d_model and num_heads when H does not divide it",
+     edit(MHA03, "if d_model % num_heads:", "if False:", "\n"), "it should raise ValueError"),
+    ("03", "MultiHeadAttention (use_sdpa=True)", "use_sdpa=True calls F.scaled_dot_product_attention",
+     edit(MHA03, "if use_sdpa:", "if False:", "\n"),
+     "never called torch.nn.functional.scaled_dot_product_attention"),
     ("03", "to_torch_mha", "copy the weights as they are, no transpose",
      edit(TO_MHA, "torch.cat([module.W_Q.weight, module.W_K.weight, module.W_V.weight])",
           "torch.cat([module.W_Q.weight.T, module.W_K.weight.T, module.W_V.weight.T])", "\n"), "transpose"),
@@ -176,6 +187,9 @@ MUTANTS = [
     ("06", "kv_cache_bytes", "keys and values: the factor 2",
      "\ndef kv_cache_bytes(num_layers, num_kv_heads, head_dim, num_tokens, batch_size=1, bytes_per_element=2):\n"
      "    return num_layers * num_kv_heads * head_dim * num_tokens * batch_size * bytes_per_element\n", "multiply by 2"),
+    ("06", "kv_cache_bytes", "bytes_per_element as given, not always fp16's 2",
+     "\ndef kv_cache_bytes(num_layers, num_kv_heads, head_dim, num_tokens, batch_size=1, bytes_per_element=2):\n"
+     "    return 2 * num_layers * num_kv_heads * head_dim * num_tokens * batch_size * 2\n", "not always 2"),
     ("06", "kv_cache_bytes", "an int (a number of bytes)",
      "\ndef kv_cache_bytes(num_layers, num_kv_heads, head_dim, num_tokens, batch_size=1, bytes_per_element=2):\n"
      "    return 2.0 * num_layers * num_kv_heads * head_dim * num_tokens * batch_size * bytes_per_element\n", "return an int"),
@@ -195,7 +209,13 @@ MUTANTS = [
          "wg = w.reshape(*lead, num_kv_heads, num_heads // num_kv_heads, n, n)",
          "wg = np.swapaxes(w.reshape(*lead, num_heads // num_kv_heads, num_kv_heads, n, n), -3, -4)"), "np.repeat"),
     ("07", "grouped_query_attention", "ValueError that says g does not divide H",
-     edit(GQA, "if num_heads % num_kv_heads:", "if False:", "\n"), "does not name what was given"),
+     edit(GQA, "if num_heads % num_kv_heads:", "if False:", "\n"), "shapes that do not fit"),
+    ("07", "grouped_query_attention", "ValueError whose message names H and g",
+     edit(GQA, 'raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")',
+          'raise ValueError("the number of K/V heads must divide the number of query heads")', "\n"),
+     "does not name what was given (6, 4)"),
+    ("07", "grouped_query_attention", "the mask broadcasts as it is: x without a batch axis gets none",
+     edit(GQA, "s = s + mask", "s = s + mask[None, None]", "\n"), "the mask gained axes"),
     ("07", "multi_query_attention", "the mask is applied",
      "\ndef multi_query_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None):\n"
      "    return grouped_query_attention(x, w_q, w_k, w_v, w_o, num_heads, 1)\n", "mask is not applied"),
@@ -210,6 +230,17 @@ MUTANTS = [
      "mean"),
 ]
 IDS = [f"{ex}-{name}-{rule}"[:90] for ex, name, rule, _, _ in MUTANTS]
+
+# Right answers written in another way than ANSWERS: (exercise, what differs, the source appended to
+# the correct answer); each gets full marks from both judges.
+RIGHT = [
+    ("07", "a ValueError that names H and g in its own words, without 'divisible' or 'multiple'",
+     edit(GQA, 'raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")',
+          'raise ValueError(f"cannot split {num_heads} query heads into {num_kv_heads} equal groups")', "\n")),
+    ("02", "a ValueError that names num_heads and d_model in its own words",
+     SPLIT.format(refuse='if d % num_heads:\n        raise ValueError(f"{d} columns do not split into {num_heads} '
+                         'equal heads")', body="np.swapaxes(x.reshape(*lead, n, num_heads, d // num_heads), -3, -2)")),
+]
 
 
 def _key(number):
@@ -237,6 +268,59 @@ def test_correct_answers_pass_check(key, capsys):
     ns = _namespace(ANSWERS[key] + (SDPA if key.startswith("01") else ""))
     for g in registry.get(key).graded:
         assert check(g.lookup, ns[g.lookup]) is True, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("number, what, source", RIGHT, ids=[f"{n}-{w}"[:60] for n, w, _ in RIGHT])
+def test_a_right_answer_written_another_way_gets_full_marks(number, what, source, tmp_path, capsys):
+    """Messages are judged on the values they name (6 and 4), not on particular words."""
+    key = _key(number)
+    ns = _namespace(ANSWERS[key] + source)
+    for g in registry.get(key).graded:
+        assert check(g.lookup, ns[g.lookup]) is True, capsys.readouterr().out
+    result = grade_notebook(_notebook(tmp_path / f"{key}.ipynb", key, ANSWERS[key] + source), limits=LIMITS)
+    assert result.score == result.max_score, result.text()
+    assert "NumPy" not in result.text()
+
+
+def _in_process(graded, fn, cases):
+    """``(passed, failures)`` of ``fn`` on ``cases``, judged in this process as check() judges."""
+    from mhalib.grade.check import _outcomes
+
+    outcomes = list(_outcomes(graded, fn, cases))
+    return sum(status == "ok" for _, status, _ in outcomes), [m for _, s, m in outcomes if s != "ok"]
+
+
+SEEDS = range(6)
+
+
+@pytest.mark.parametrize("number, name, rule, mutant, words", MUTANTS, ids=IDS)
+def test_every_mutant_loses_points_on_every_draw(number, name, rule, mutant, words, capsys):
+    """The rule a mutant breaks is tested by a case on every draw (an edge case that is always
+    drawn), so that no resubmission or second upload can draw the mutant full marks. Judged in
+    this process on the grader's own cases for 6 seeds."""
+    key = _key(number)
+    graded = next(g for g in registry.get(key).graded if g.name == name)
+    fn = _namespace(ANSWERS[key] + mutant)[graded.lookup]
+    for seed in SEEDS:
+        cases = graded.cases(np.random.default_rng(seed))
+        passed, failures = _in_process(graded, fn, cases)
+        assert passed < len(cases), f"seed {seed}: the mutant gets full marks ({rule})"
+
+
+def test_a_hard_coded_bytes_per_element_loses_points_on_every_draw():
+    """The measured attack: kv_cache_bytes with bytes_per_element fixed at 2 scored full marks
+    on 1 draw in 9 (two cases drew 2 of {1, 2, 4}), so six uploads, best kept, reached full
+    marks about half the time. Every draw now has bytes_per_element 1 and 4."""
+    key = _key("06")
+    graded = next(g for g in registry.get(key).graded if g.name == "kv_cache_bytes")
+    fixed = _namespace("def kv_cache_bytes(num_layers, num_kv_heads, head_dim, num_tokens, batch_size=1, "
+                       "bytes_per_element=2):\n    return 2 * num_layers * num_kv_heads * head_dim * num_tokens "
+                       "* batch_size * 2\n")["kv_cache_bytes"]
+    for seed in range(200):
+        cases = graded.cases(np.random.default_rng(seed))
+        passed, failures = _in_process(graded, fixed, cases)
+        assert passed == len(cases) - 2, (seed, failures)
+        assert "use bytes_per_element (here 1), not always 2" in failures[0], failures
 
 
 def test_the_rule_abiding_sdpa_gets_full_marks(tmp_path, capsys):

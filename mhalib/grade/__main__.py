@@ -39,6 +39,7 @@ from pathlib import Path
 
 from mhalib.grade.grader import clean, grade_notebook
 from mhalib.grade.sandbox import Limits, decide
+from mhalib.grade.spec import Draws
 
 EXIT_STATUS = """exit status:
   0  every submission was graded (whatever the scores)
@@ -50,7 +51,7 @@ EXIT_STATUS = """exit status:
   3  no sandbox could be had: nothing was graded"""
 
 CSV_HEADER = ["submission", "exercise", "score", "max_score", "student_id", "student_name", "feedback", "checks",
-              "seed", "seconds", "isolation", "graded_at"]
+              "seed", "seconds", "isolation", "graded_at", "variant", "inputs"]
 # What the grader needs beyond the standard library; a Python without them is not the course's.
 NEEDED = ("numpy", "nbformat", "torch")
 COURSE = Path(__file__).resolve().parents[2]
@@ -211,6 +212,20 @@ CANVAS_NAME = re.compile(r"(?P<name>\w+?)_(?:late_|LATE_)?(?P<id>\d+)_\d+_.+")
 MOODLE_NAME = re.compile(r"(?P<name>[^_]+)_(?P<id>\d+)_assignsubmission_file(?:_.*)?")
 
 
+def read_secret(path):
+    """The bytes of the instructor's secret file (surrounding white space left out); ``ValueError``
+    when it cannot be read or holds fewer than 16 bytes (too easy to guess)."""
+    try:
+        with open(path, "rb") as f:
+            secret = f.read(1 << 16).strip()
+    except OSError as exc:
+        raise ValueError(f"--secret {path}: it cannot be read ({exc.strerror or exc})") from None
+    if len(secret) < 16:
+        raise ValueError(f"--secret {path}: it holds {len(secret)} bytes; a secret needs at least 16 (e.g. "
+                         "python3 -c 'import secrets; print(secrets.token_hex(32))' > grading_secret)")
+    return secret
+
+
 def load_roster(path):
     """The roster file: ``[(pattern, student_id, name)]``. A CSV with a header naming the
     columns ``submission`` (a file name; ``*`` and ``?`` match any text) and ``student_id``,
@@ -276,7 +291,7 @@ def csv_text(results, before="", students=None, graded_at=""):
         scores = [r.exercise, f"{r.score:g}", f"{r.max_score:g}"] if r.graded else ["", "", ""]
         values = [r.path, *scores, who.id, who.name, feedback(r),
                   checks if r.graded else f"not graded: {_why_not_graded(r)}", r.seed, f"{r.seconds:.2f}",
-                  r.isolation, graded_at]
+                  r.isolation, graded_at, r.variant, r.draws]
         key = csv_cell(r.path)  # as the file holds it
         rows[key] = {**rows.get(key, {}), **dict(zip(CSV_HEADER, values))}
     return _csv(header, [[row.get(h, "") for h in header] for row in rows.values()])
@@ -358,6 +373,10 @@ def main(argv=None):
     add("--jobs", type=int, default=1, help="submissions graded in parallel (default 1)")
     add("--exercise", help="grade every file as this exercise (default: from metadata, then file name)")
     add("--seed", type=int, help="seed for the grading inputs (default: fresh each run)")
+    add("--secret", metavar="FILE", help="the instructor's secret (any bytes, kept private): each student's inputs "
+                                         "are drawn from it, their ID and the exercise, the same at every rerun")
+    add("--variants", action="store_true", help="grade each student's own variant of exercises 06, 07 and 09, "
+                                                "from their student ID (see docs/instructors.md)")
     add("--timeout", type=float, default=Limits.call_timeout_s, help="seconds per graded call (default %(default)g)")
     add("--cell-timeout", type=float, default=Limits.cell_timeout_s, help="seconds per cell (default %(default)g)")
     add("--submission-timeout", type=float, default=Limits.submission_s,
@@ -381,6 +400,7 @@ def main(argv=None):
     if args.assignment is not None and lms != "canvas":
         parser.error("--assignment names the column of a Canvas gradebook: use it with --gradebook canvas FILE")
     try:  # everything that can refuse the run is checked before anything is graded
+        secret = read_secret(args.secret) if args.secret else None
         roster = load_roster(args.roster) if args.roster else []
         csv_before = read_existing(args.csv) if args.csv else ""
         read_table(csv_before, f"--csv {args.csv}")
@@ -402,8 +422,10 @@ def main(argv=None):
     def one(path):
         slot = slots.get()
         try:
+            who = student_of(path, roster)  # the student's ID fixes their draws (--secret) and variant (--variants)
+            draws = Draws(who.id, who.source, secret, args.variants, args.seed is not None)
             return grade_notebook(path, seed=args.seed, limits=limits, exercise=args.exercise,
-                                  isolation=isolation, slot=slot)
+                                  isolation=isolation, slot=slot, student=draws)
         finally:
             slots.put(slot)
 

@@ -17,6 +17,11 @@ new inputs at grading time: passing these visible tests is necessary, not suffic
 ``score(name, fn)`` is what the nbgrader version of the course calls in its test cells
 (``python -m mhalib.grade.nbgrader``): the grader's cases on fresh inputs, run here in
 the kernel, and the points earned, which nbgrader takes as the cell's partial credit.
+
+``variant(exercise, student_id)`` says which version of an exercise a student writes, where
+the instructor grades per-student variants (exercises 06, 07 and 09), and makes ``check`` and
+``score`` test that version in this kernel: ``variant("07", "s1001")``. Without an ID it is the
+course's own exercise.
 """
 
 from __future__ import annotations
@@ -25,9 +30,53 @@ import inspect
 import sys
 import threading
 
-__all__ = ["check", "graded_names", "score"]
+__all__ = ["check", "graded_names", "score", "variant"]
 
 OK, BAD = "\u2714", "\u2718"
+
+
+_STUDENTS = {}  # exercise key -> the student ID given to variant() in this kernel
+
+
+def variant(exercise, student_id=None):
+    """Which version of ``exercise`` (``"07"``, ``7`` or ``"07_mqa_gqa"``) the student with
+    ``student_id`` writes; prints it and returns it (a ``Variant``: ``variant["kv_heads"]``...;
+    ``None`` for an exercise without variants). From then on ``check`` and ``score`` test that
+    version in this kernel. ``student_id`` ``None`` or ``""``: the course's own exercise.
+
+    The variant is computed from the ID alone (no secret), as the grader computes it when your
+    instructor grades variants: use the ID the grader knows you by (your instructor says which).
+    """
+    from mhalib.grade import exercises as registry
+    from mhalib.grade.spec import variant_of
+
+    ex = registry.get(exercise)
+    if ex is None:
+        known = ", ".join(k[:2] for k in registry.all_exercises())
+        print(f"{BAD} variant: there is no exercise {exercise!r}; the exercises are {known}")
+        return None
+    sid = "" if student_id is None else str(student_id).strip()
+    _STUDENTS[ex.key] = sid
+    chosen = variant_of(ex, sid)
+    if chosen is None:
+        print(f"Exercise {ex.number} has no variants: everyone writes the same functions.")
+        return None
+    who = f"student {sid!r}" if sid else "no student ID"
+    print(f"Exercise {ex.number}, {who}: {chosen.label}.\n  {chosen.summary}.")
+    if not sid:
+        print("  (Where your instructor grades per-student variants, set STUDENT_ID to the ID they give you "
+              "and run this cell again.)")
+    else:
+        print(f"  check(...) in this notebook now runs the visible tests of {chosen.label}; the grader grades it "
+              "when your instructor grades variants.")
+    return chosen
+
+
+def _variant_for(ex):
+    """The variant ``check`` tests for exercise ``ex`` in this kernel (``None``: the course's own)."""
+    from mhalib.grade.spec import variant_of
+
+    return variant_of(ex, _STUDENTS.get(ex.key, "")) if ex.variants else None
 
 
 def graded_names():
@@ -126,7 +175,7 @@ def _run_case(graded, fn, case):
         outcome = run(args, kwargs, _Tripwire(graded.forbidden))
         return outcome.result if outcome.status == "ok" else None
 
-    tripwire = _Tripwire(graded.forbidden)
+    tripwire = _Tripwire(graded.forbidden if case.forbidden is None else case.forbidden)
     outcome = run(case.args, case.kwargs, tripwire)
     if tripwire.hits:
         outcome = CallOutcome("forbidden", hits=list(tripwire.hits))
@@ -148,16 +197,17 @@ def _outcomes(graded, fn, cases):
             return
 
 
-def _check_one(graded, fn):
+def _check_one(graded, fn, variant=None):
     try:
-        cases = graded.visible_cases()
+        cases = graded.visible_cases(variant)
     except Exception as exc:  # noqa: BLE001
         return False, f"the visible tests for {graded.name} could not be prepared ({type(exc).__name__}: {exc})"
+    which = f" of {variant.label}" if variant is not None and variant.code else ""
     for i, (case, status, message) in enumerate(_outcomes(graded, fn, cases), 1):
         if status != "ok":
             label = f" ({case.label})" if case.label else ""
-            return False, message if status == "stop" else f"visible test {i} of {len(cases)}{label}: {message}"
-    return True, f"all {len(cases)} visible tests pass (the grader will use new inputs)"
+            return False, message if status == "stop" else f"visible test {i} of {len(cases)}{which}{label}: {message}"
+    return True, f"all {len(cases)} visible tests{which} pass (the grader will use new inputs)"
 
 
 def check(name, fn=None):
@@ -191,8 +241,8 @@ def check(name, fn=None):
             print(f"{BAD} {name}: not defined yet; run the cell that defines it first")
             return False
     all_ok = True
-    for _, graded in entries:
-        ok, message = _check_one(graded, fn)
+    for ex, graded in entries:
+        ok, message = _check_one(graded, fn, _variant_for(ex))
         all_ok &= ok
         print(f"{OK if ok else BAD} {graded.name}: {message}")
     return all_ok
@@ -212,14 +262,14 @@ def score(name, fn=None, *, seed=None):
 
     from mhalib.grade.exercises import all_exercises
 
-    graded = next((g for ex in all_exercises().values() for g in ex.graded if g.name == name), None)
+    ex, graded = next(((ex, g) for ex in all_exercises().values() for g in ex.graded if g.name == name), (None, None))
     if graded is None:
         print(f"{BAD} score: there is no graded check called {name!r}")
         return 0.0
     if fn is None:
         frame = inspect.currentframe()
         fn = (frame.f_back.f_globals if frame and frame.f_back else {}).get(graded.lookup)
-    cases = graded.make_cases(np.random.default_rng(secrets.randbits(63) if seed is None else seed))
+    cases = graded.cases(np.random.default_rng(secrets.randbits(63) if seed is None else seed), _variant_for(ex))
     passed, failures = 0, []
     with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():  # stderr fails an nbgrader cell
         warnings.simplefilter("ignore")

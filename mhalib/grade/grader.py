@@ -28,7 +28,7 @@ import numpy as np
 
 from mhalib.grade import exercises as registry
 from mhalib.grade.sandbox import Limits, Sandbox, decide
-from mhalib.grade.spec import explain_error, judge_raised, judge_returned
+from mhalib.grade.spec import Draws, explain_error, fix_draws, judge_raised, judge_returned
 
 __all__ = ["CheckResult", "SubmissionResult", "grade_notebook", "load_notebook", "read_submission",
            "NotebookError", "code_cells", "code_cell_labels", "clean"]
@@ -73,6 +73,9 @@ class SubmissionResult:
     # "code cell N (the one starting `...`), line L: message", reported first
     syntax_errors: list = field(default_factory=list)
     unreadable: str = ""  # why the file of a known exercise could not be read as a notebook (it scores 0)
+    draws: str = ""  # how the inputs were drawn (fixed for the student, or fresh), and the variant graded
+    variant: str = ""  # the code of the variant graded ("" the course's own exercise)
+    student: object = field(default=None, repr=False)  # a spec.Draws: the student's ID, the secret
 
     @property
     def graded(self):
@@ -101,6 +104,7 @@ class SubmissionResult:
             lines += [f"  {'':4} {'':<{width}} {'':13} {extra}" for extra in more]
         lines += [f"  note: {note}" for note in self.notes]
         lines.append(f"  isolation: {self.isolation}")
+        lines += [f"  inputs: {self.draws}"] if self.draws else []
         lines.append(f"  TOTAL {self.score:g} / {self.max_score:g}" if self.graded
                      else "  NOT GRADED: no score (see the note above)")
         return "\n".join(lines)
@@ -109,10 +113,12 @@ class SubmissionResult:
         """Gradescope's results.json for this submission."""
         head = [f"Exercise: {self.exercise or 'unknown'}" + ("" if self.graded else " (NOT GRADED)"),
                 *[f"SYNTAX ERROR in {e} (that cell did not run; fix it first)" for e in self.syntax_errors],
-                *self.notes, f"Isolation: {self.isolation}"]
+                *self.notes, f"Isolation: {self.isolation}",
+                *([f"Inputs: {self.draws}"] if self.draws else [])]
         return {"score": self.score if self.graded else 0.0, "execution_time": int(round(self.seconds)),
                 "output": "\n".join(head), "output_format": "text", "test_output_format": "text",
-                "visibility": "visible", "extra_data": {"exercise": self.exercise, "seed": self.seed},
+                "visibility": "visible",
+                "extra_data": {"exercise": self.exercise, "seed": self.seed, "variant": self.variant},
                 "tests": [{"name": c.name, "score": round(c.score, 2), "max_score": c.max_score, "status": c.status,
                            "output": c.output, "output_format": "text", "visibility": "visible"}
                           for c in self.checks]}
@@ -285,11 +291,11 @@ def relocate(text, labels):
 
 
 # ----------------------------------------------------------------------------- grading
-def prepare_cases(exercise, rng):
+def prepare_cases(exercise, rng, variant=None):
     """``{name: cases or the exception}``: inputs and reference answers, drawn in order."""
     def cases(graded):
         try:
-            return graded.make_cases(rng)
+            return graded.cases(rng, variant)
         except Exception as exc:  # noqa: BLE001 - the grader's own reference failed: reported per function
             return exc
     return {graded.name: cases(graded) for graded in exercise.graded}
@@ -342,6 +348,8 @@ def judge_outcome(graded, case, outcome, call_again):
     """
     name = graded.name
     message, at = clean(outcome.message), clean(outcome.where, 120)  # a code cell named as the learner sees it
+    if outcome.status == "forbidden" and case.must_call and set(outcome.hits) <= {case.must_call}:
+        return "pass", None  # the one call this case forbids, to see that it is made: it was
     if outcome.status == "forbidden":
         return "zero", forbidden_message(name, outcome.hits)
     if outcome.status == "ok":
@@ -384,7 +392,8 @@ def grade_function(sandbox, graded, cases, labels=None):
     def call(args, kwargs, case=None):
         params = {**graded.params, **(case.params if case else {}), "signature": graded.signature,
                   "arg_names": list(graded.arg_names)}
-        outcome = sandbox.call(graded.adapter, graded.lookup, tuple(args), dict(kwargs), params, graded.forbidden)
+        forbidden = graded.forbidden if case is None or case.forbidden is None else case.forbidden
+        outcome = sandbox.call(graded.adapter, graded.lookup, tuple(args), dict(kwargs), params, forbidden)
         if labels and outcome.where:
             outcome.where = relocate(outcome.where, labels)
         return outcome
@@ -422,17 +431,20 @@ def grade_function(sandbox, graded, cases, labels=None):
     return CheckResult(name, score, points, "\n".join(lines))
 
 
-def grade_notebook(path, *, seed=None, limits=None, exercise=None, isolation=None, slot=0):
+def grade_notebook(path, *, seed=None, limits=None, exercise=None, isolation=None, slot=0, student=None):
     """Grade one submission; always returns a :class:`SubmissionResult` (never raises).
 
     ``exercise`` fixes the exercise (the notebook's metadata and name are then ignored);
     ``isolation`` comes from :func:`mhalib.grade.sandbox.decide` (decided here, once per
     process, when not given). Once the exercise is known every one of its checks is
-    listed with its points, whatever happens.
+    listed with its points, whatever happens. ``student`` (a :class:`mhalib.grade.spec.Draws`)
+    fixes the draws for the student with the instructor's secret and picks their variant.
     """
     start = time.monotonic()
+    given = seed is not None
     seed = secrets.randbits(63) if seed is None else int(seed)
     result = SubmissionResult(path=str(path), exercise=None, seed=seed)
+    result.student = student or Draws(seed_given=given)  # the student's seed and variant: spec.fix_draws
     ex = None
     try:
         ex = _grade(result, path, limits or Limits(), exercise, isolation or decide(), slot)
@@ -556,12 +568,13 @@ def _grade(result, path, limits, exercise, isolation, slot):
     labels = code_cell_labels(nb)
     result.syntax_errors = [labels[index] + (f", line {line}" if line else "") + f": {message}"
                             for index, line, message in broken]
+    variant = fix_draws(result, ex)  # fixed for the student by the instructor's secret, or fresh; the variant
     rng = np.random.default_rng(result.seed)
     sandbox = Sandbox(isolation, cells, preload=ex.preload, forbidden=[g.forbidden for g in ex.graded],
                       limits=limits, slot=slot)
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:  # references are computed while the child starts
-            prepared = pool.submit(prepare_cases, ex, rng)
+            prepared = pool.submit(prepare_cases, ex, rng, variant)
             sandbox.start()
             prepared = prepared.result()
         for graded in ex.graded:

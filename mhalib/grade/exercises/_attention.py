@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from mhalib.grade.exercises import _numpy_variants as wrong
-from mhalib.grade.spec import check_array, check_pair, match_variant
+from mhalib.grade.spec import check_array, check_pair, close, match_variant
 
 
 def projection_weights(rng, d_model, kv_dim, dtype):
@@ -55,7 +55,10 @@ def mha_variants(case, g=None, which=1, tile=True):
     x, wq, wk, wv, wo, *_ = case.args
     h, g = _heads(case, g)
     mask = case.kwargs.get("mask")
-    f = wrong.gqa
+    frame = case.extra.get("frame", {})  # a variant's conventions: each mistake is made in them
+
+    def f(*args, **mistake):
+        return wrong.gqa(*args, **{**frame, **mistake})
     args = (x, wq, wk, wv, wo, h, g, mask)
     out = [
         ("the scores are scaled by sqrt(d_model); scale by sqrt(d_head) = sqrt(d_model / num_heads)",
@@ -69,7 +72,7 @@ def mha_variants(case, g=None, which=1, tile=True):
     for axis in range(-2, -ndim - 1, -1):
         out.append((WRONG_AXIS.format(what=_axis_name(axis, ndim)),
                     lambda axis=axis: f(*args, axis=axis)[which]))
-    if tile and g not in (1, h):
+    if tile and g not in (1, h) and not frame:  # in a variant, the other grouping is another variant
         out.insert(0, ("query heads read the wrong K/V head: head h must use K/V head h // (H // g) "
                        "(np.repeat along the head axis, not np.tile)",
                        lambda: f(*args, repeat="tile")[which]))
@@ -92,21 +95,44 @@ def _rows_sum_to_one(weights):
     return bool(np.allclose(w.sum(axis=-1), 1.0, atol=1e-4))
 
 
+UNBATCHED_MASK = ("{what} has shape {shape}, a leading axis of 1 that x {x_shape} has not: the mask gained axes "
+                  "(e.g. mask[None, None]) and turned an x without a batch axis into a batch of one; add the "
+                  "mask to the scores as it is: it broadcasts to (..., H, N, N)")
+
+
+def other_variant(case, got, which):
+    """The message when ``got`` (``which``: 0 for out, 1 for weights) is another variant's
+    answer (the course's own exercise included), else ``None``."""
+    mine = case.extra.get("variant")
+    for variant, expected in case.extra.get("others", ()):
+        if isinstance(got, np.ndarray) and got.shape == expected[which].shape and close(got, expected[which]):
+            return (f"that is the answer of {variant.label} ({variant.short}); yours is {mine.label} ({mine.short}): "
+                    f"variant(\"{case.extra.get('exercise', '')}\", STUDENT_ID) in the notebook says what it asks")
+    return None
+
+
 def judge_attention(case, got, g=None):
     """``None`` when ``(out, weights)`` is right, else a message naming the mistake.
 
     Checks the weights first (no head axis, or one map per K/V head instead of per query
-    head, the known mistakes of :func:`mha_variants`, rows not summing to 1), then ``out``
-    (the same mistakes, and heads summed or averaged instead of concatenated). ``g`` is the
-    number of key/value heads when the case does not carry it.
+    head, another variant's answer, the known mistakes of :func:`mha_variants`, rows not summing
+    to 1), then ``out`` (the same mistakes, and heads summed or averaged instead of
+    concatenated). ``g`` is the number of key/value heads when the case does not carry it.
     """
     msg = check_pair(got, ("out", "weights"))
     if msg:
         return msg
     out_exp, w_exp = case.expected
     out, weights = got
+    x_shape = np.shape(case.args[0])
+    for what, value, want in (("weights", weights, w_exp), ("out", out, out_exp)):
+        if isinstance(value, np.ndarray) and value.shape == (1, *want.shape) and len(x_shape) == 2:
+            return UNBATCHED_MASK.format(what=what, shape=value.shape, x_shape=x_shape)
     msg = check_array(weights, w_exp, "weights")
     if msg:
+        known = other_variant(case, weights, 1)
+        if known:
+            return known
         if isinstance(weights, np.ndarray) and weights.shape == w_exp.shape[:-3] + w_exp.shape[-2:]:
             return (f"weights have shape {weights.shape}; return one map per head, "
                     f"{w_exp.shape} = (..., H, N, N)")
@@ -125,7 +151,7 @@ def judge_attention(case, got, g=None):
         return msg
     msg = check_array(out, out_exp, "out")
     if msg:
-        better = match_variant(out, mha_variants(case, g, 0))
+        better = other_variant(case, out, 0) or match_variant(out, mha_variants(case, g, 0))
         if better:
             return better
         h, _ = _heads(case, g)
@@ -158,16 +184,19 @@ def explain_attention_error(case, error, call, g=None):
         return None
     args = (x, wq, wk, wv, short_wo, h, g, case.kwargs.get("mask"))
     d_model = wo.shape[0]
+    frame = case.extra.get("frame", {})
 
     def what(result):
         return (f"their {result} is (..., N, d_head) = (..., N, {d_head}), and w_o multiplies "
                 f"(..., N, d_model) = (..., N, {d_model})")
 
     found = match_variant(got[0], [
-        (NOT_CONCATENATED.format(how="summed", what=what("sum")), lambda: wrong.gqa(*args, combine="sum")[0]),
-        (NOT_CONCATENATED.format(how="averaged", what=what("mean")), lambda: wrong.gqa(*args, combine="mean")[0]),
+        (NOT_CONCATENATED.format(how="summed", what=what("sum")),
+         lambda: wrong.gqa(*args, combine="sum", **frame)[0]),
+        (NOT_CONCATENATED.format(how="averaged", what=what("mean")),
+         lambda: wrong.gqa(*args, combine="mean", **frame)[0]),
         ("the heads were never merged: (..., H, N, d_head) was multiplied by w_o; merge them to "
          "(..., N, H * d_head) = (..., N, d_model) with merge_heads first",
-         lambda: wrong.gqa(*args, combine="none")[0]),
+         lambda: wrong.gqa(*args, combine="none", **frame)[0]),
     ])
     return found

@@ -49,11 +49,14 @@ def split(x, h, how="right"):
 
     ``how``: ``"right"`` gives ``(..., H, N, d_head)``; ``"reshape_only"`` reshapes straight
     to ``(..., H, N, d_head)`` (mixing positions into heads); ``"no_transpose"`` stops at
-    ``(..., N, H, d_head)``.
+    ``(..., N, H, d_head)``; ``"interleaved"`` is exercise 07's variant layout, where column c
+    belongs to head ``c % H`` (head h owns columns h, h + H, h + 2H, ...).
     """
     *lead, n, d = x.shape
     if how == "right":
         return np.swapaxes(x.reshape(*lead, n, h, d // h), -3, -2)
+    if how == "interleaved":  # (..., N, d_head, H): column c = j * H + h -> (..., H, N, d_head)
+        return np.moveaxis(x.reshape(*lead, n, d // h, h), -1, -3)
     if how == "reshape_only":  # straight to (..., H, N, d_head): mixes positions into heads
         return x.reshape(*lead, h, n, d // h)
     if how == "no_transpose":
@@ -65,27 +68,36 @@ def merge(x, how="right"):
     """Merge ``(..., H, N, d_head)`` into ``(..., N, H * d_head)``, the right way or with one mistake.
 
     ``how``: ``"right"`` swaps H and N before the reshape; ``"reshape_only"`` reshapes
-    without the swap, mixing positions and heads.
+    without the swap, mixing positions and heads; ``"interleaved"``: column ``j * H + h`` is
+    entry j of head h (the inverse of ``split(..., "interleaved")``).
     """
     *lead, h, n, d = x.shape
     if how == "right":
         return np.swapaxes(x, -3, -2).reshape(*lead, n, h * d)
+    if how == "interleaved":  # (..., N, d_head, H) -> (..., N, d_head * H)
+        return np.moveaxis(x, -3, -1).reshape(*lead, n, h * d)
     if how == "reshape_only":
         return x.reshape(*lead, n, h * d)
     raise ValueError(how)
 
 
 def gqa(x, w_q, w_k, w_v, w_o, h, g, mask=None, *, scale="head", split_how="right",
-        merge_how="right", use_wo=True, repeat="interleave", use_mask=True, axis=-1, combine="concat"):
+        merge_how="right", use_wo=True, repeat="interleave", use_mask=True, axis=-1, combine="concat",
+        columns="blocked"):
     """Grouped-query attention (g = H is MHA) with one mistake switched on.
 
     ``axis``: the axis of the softmax (-1, the keys, is right). ``combine``: how the heads'
     outputs ``(..., H, N, d_head)`` become one array: ``"concat"`` (right: merge to
     ``(..., N, H * d_head)``), ``"sum"`` or ``"mean"`` over the heads (``(..., N, d_head)``),
     or ``"none"`` (left as they are); ``w_o`` is applied afterwards when ``use_wo``.
+    ``repeat="tile"`` and ``columns="interleaved"`` are also exercise 07's variants: query head
+    h reads K/V head ``h % g``; each projection's column c belongs to head ``c % heads``.
     """
     x = np.asarray(x, dtype=np.float64)
     d = x.shape[-1]
+    if columns == "interleaved":  # the variant's layout, unless a split or merge mistake is asked for
+        split_how = "interleaved" if split_how == "right" else split_how
+        merge_how = "interleaved" if merge_how == "right" else merge_how
     q = split(x @ w_q, h, split_how)
     k = split(x @ w_k, g, split_how)
     v = split(x @ w_v, g, split_how)

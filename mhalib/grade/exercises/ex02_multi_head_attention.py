@@ -42,8 +42,8 @@ def split_cases(rng):
         x = _x(rng, (*lead, n, d_model), dtype)
         cases.append(Case(args=(x, h), expected=split_heads(x.astype(np.float64), h),
                           label=f"x {x.shape} {np.dtype(dtype).name}, num_heads={h}"))
-    # num_heads that does not divide d_model: NumPy's own reshape error names num_heads (a
-    # dimension of the shape it tried) but never d_model, so the message must name both
+    # num_heads that does not divide d_model: NumPy's own reshape error fails later, with its own
+    # message; the exercise asks for a ValueError whose message names both
     d_model = int(rng.choice([12, 16, 24]))
     h = int(rng.choice([m for m in (5, 7) if d_model % m]))
     x = _x(rng, (int(rng.integers(3, 8)), d_model))
@@ -113,13 +113,14 @@ def mha_cases(rng):
     """Cases of ``multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None)``.
 
     x is ``(N, d_model)`` or ``(B, N, d_model)``, float64 or float32, with and without a
-    causal mask; the answer ``(out, weights)`` is computed in float64.
+    causal mask (also on an x without a batch axis, where the mask must not add one); the
+    answer ``(out, weights)`` is computed in float64.
     """
     from mhalib.np_attention import causal_mask, multi_head_attention
 
     cases = []
     plans = [((), np.float64, False), ((int(rng.integers(2, 4)),), np.float64, True),
-             ((2,), np.float32, True), ((), np.float32, False)]
+             ((2,), np.float32, True), ((), np.float32, False), ((), np.float64, True)]
     for lead, dtype, causal in plans:
         d_model, h = _dims(rng)
         n = int(rng.integers(3, 7))

@@ -20,8 +20,13 @@ _LIBRARY = ("mhalib.attention.*", "mhalib.np_attention.*", "mhalib.kv_cache.*", 
 _FORWARD_FORBIDDEN = (*_LIBRARY, "torch.nn.functional.multi_head_attention_forward",
                       "torch.nn.modules.activation.MultiheadAttention.forward",
                       "torch.nn.modules.activation.MultiheadAttention.__init__")
+# use_sdpa=True must call PyTorch's fused kernel, whose output equals the plain path's to rounding:
+# one case of that check forbids it, so that reaching it is what passes (``Case.must_call``)
+SDPA = "torch._C._nn.scaled_dot_product_attention"
+SDPA_NAME = "torch.nn.functional.scaled_dot_product_attention"
+_SDPA_PROBE_FORBIDDEN = (*_FORWARD_FORBIDDEN, SDPA)
 _CONFIGS = [(32, 4), (16, 2), (24, 3), (32, 8), (16, 4)]
-_TOL = {"rtol": 1e-4, "atol": 1e-5}
+_TOL = {}  # the judges' float32-derived default (spec.RTOL, spec.ATOL): torch computes in float32
 
 
 def _draw(rng, d_model, num_heads, b=None, n=None):
@@ -43,7 +48,12 @@ def _reference(x, ws, num_heads, causal):
     return out
 
 
-def _forward_cases(causal_options, use_sdpa):
+def _forward_cases(causal_options, use_sdpa, refuse=False):
+    """Cases of the module's forward: three configurations (the first is (32, 4), x (4, 10, 32)),
+    causal as ``causal_options`` says. With ``use_sdpa``, one more case checks that forward calls
+    F.scaled_dot_product_attention (the others compare the numbers, the kernel allowed); with
+    ``refuse``, one more builds ``MultiHeadAttention(12, 5)``, which must raise ValueError naming
+    12 and 5 (5 heads do not divide 12)."""
     def make(rng):
         cases = []
         picks = [_CONFIGS[0]] + [_CONFIGS[int(i)] for i in rng.choice(np.arange(1, len(_CONFIGS)), 2, replace=False)]
@@ -55,8 +65,24 @@ def _forward_cases(causal_options, use_sdpa):
                 kwargs["use_sdpa"] = True
             cases.append(Case(args=(x, *ws), kwargs=kwargs, expected=_reference(x, ws, h, causal),
                               params={"class": "MultiHeadAttention", "d_model": d_model, "num_heads": h},
+                              forbidden=_FORWARD_FORBIDDEN if use_sdpa else None,
                               label=f"MultiHeadAttention({d_model}, {h}), x {x.shape}"
                                     + (", causal=True" if causal else "") + (", use_sdpa=True" if use_sdpa else "")))
+        if use_sdpa:  # the fused kernel must be reached: this case forbids it, and passes when it is called
+            x, ws = _draw(rng, 16, 2, 2, 6)
+            cases.append(Case(args=(x, *ws), kwargs={"use_sdpa": True}, must_call=SDPA_NAME,
+                              params={"class": "MultiHeadAttention", "d_model": 16, "num_heads": 2},
+                              label=f"MultiHeadAttention(16, 2), x {x.shape}, use_sdpa=True: "
+                                    "forward calls F.scaled_dot_product_attention"))
+        if refuse:
+            d_model, h = 12, 5
+            x, ws = _draw(rng, d_model, h, 2, 4)
+            cases.append(Case(args=(x, *ws), params={"class": "MultiHeadAttention", "d_model": d_model,
+                                                     "num_heads": h},
+                              label=f"MultiHeadAttention({d_model}, {h}): 5 heads do not divide d_model 12",
+                              raises="ValueError", raises_names=(d_model, h),
+                              raises_why=f"num_heads={h} does not divide d_model={d_model}; __init__ must raise "
+                                         "ValueError naming both"))
         return cases
     return make
 
@@ -70,6 +96,9 @@ def judge_forward(case, got):
     x, *ws = case.args
     h = case.params["num_heads"]
     causal = bool(case.kwargs.get("causal"))
+    if case.must_call:  # it returned without reaching the fused kernel
+        return (f"forward(x, use_sdpa=True) never called {case.must_call}: use_sdpa=True must compute "
+                "the attention with F.scaled_dot_product_attention(q, k, v, is_causal=causal), not the plain path")
     if isinstance(got, tuple) and got and isinstance(got[0], np.ndarray):
         return "forward should return only the output tensor (B, N, d_model), not a tuple"
     msg = check_array(got, case.expected, "the output", **_TOL)
@@ -149,9 +178,10 @@ EXERCISE = Exercise(
     graded=[
         Graded(name="MultiHeadAttention", points=4,
                signature="MultiHeadAttention(d_model, num_heads).forward(x, causal=False, use_sdpa=False)",
-               make_cases=_forward_cases([False], False), judge=judge_forward, adapter="torch_module",
+               make_cases=_forward_cases([False], False, refuse=True), judge=judge_forward, adapter="torch_module",
                target="MultiHeadAttention",
-               description="forward(x) equals multi-head attention with W = layer.weight.T"),
+               description="forward(x) equals multi-head attention with W = layer.weight.T; __init__ refuses "
+                           "num_heads that do not divide d_model"),
         Graded(name="MultiHeadAttention (causal=True)", points=1,
                signature="MultiHeadAttention(d_model, num_heads).forward(x, causal=True)",
                make_cases=_forward_cases([True, True, False], False), judge=judge_forward,
@@ -159,7 +189,7 @@ EXERCISE = Exercise(
         Graded(name="MultiHeadAttention (use_sdpa=True)", points=1,
                signature="MultiHeadAttention(d_model, num_heads).forward(x, causal=False, use_sdpa=True)",
                make_cases=_forward_cases([False, True, False], True), judge=judge_forward,
-               adapter="torch_module", target="MultiHeadAttention"),
+               adapter="torch_module", target="MultiHeadAttention", forbidden=_SDPA_PROBE_FORBIDDEN),
         Graded(name="to_torch_mha", points=2, signature="to_torch_mha(module)", make_cases=to_mha_cases,
                judge=judge_to_mha, adapter="torch_to_mha", forbidden=_LIBRARY),
     ],
