@@ -2,15 +2,22 @@
 
 Keys and values are not cached per head. Each token's input is projected **down** to one
 latent vector ``c_kv`` of ``kv_lora_rank`` numbers (normalised by an RMSNorm), and every
-head's key and value are projected **up** from it. Rotary positions cannot live in the latent
-(a rotation between the two projections would stop the up-projection from being folded into
-the query), so a small extra key of ``qk_rope_head_dim`` numbers, shared by all heads, carries
-them. The cache holds ``kv_lora_rank + qk_rope_head_dim`` numbers per token and layer.
+head's key and value are projected **up** from it. The heads' keys carry no rotary positions:
+RoPE applied, as in other models, to an up-projected key ``W_uk c`` and to the query puts a
+rotation that depends on the query's and the key's positions between ``W^Q`` and ``W^UK``, so
+the key up-projection could no longer be folded into the query once for all keys (DeepSeek-V2,
+section 2.1.3, "Decoupled Rotary Position Embedding"); a rotation applied to the latent itself,
+before caching, would still fold. So a small extra key of ``qk_rope_head_dim`` numbers, shared
+by all heads and rotated before caching, carries the positions ("decoupled RoPE"), with a
+rotated query part per head. The cache holds ``kv_lora_rank + qk_rope_head_dim`` numbers per
+token and layer.
 
 At decode time the up-projections need not run at all ("absorbed" form): the key
 up-projection folds into the query (``q . (W_uk c) = (W_uk^T q) . c``) and the value
 up-projection into the output (``sum_t w_t W_uv c_t = W_uv sum_t w_t c_t``), so attention reads
-the latents directly. :meth:`MultiHeadLatentAttention.forward` computes both forms.
+the latents directly. :meth:`MultiHeadLatentAttention.forward` computes both forms. The absorbed
+form costs far less per decoding step and more in a long prefill
+(``mhalib.serving.mla_attention_flops``).
 
 The attribute names are Hugging Face's ``DeepseekV3Attention``'s (``q_proj`` or ``q_a_proj``,
 ``q_a_layernorm``, ``q_b_proj``; ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``;
