@@ -211,7 +211,7 @@ def test_the_zip_carries_a_readme_and_only_what_its_exercise_needs(tmp_path):
     with zipfile.ZipFile(tmp_path / "a.zip") as zf:
         names = zf.namelist()
         readme = zf.read("README.md").decode()
-    assert (tmp_path / "a.zip").stat().st_size < 100_000  # docs/instructors.md, Gradescope
+    assert (tmp_path / "a.zip").stat().st_size < 150_000  # docs/instructors.md, Gradescope
     modules = [n for n in names if n.startswith("mhalib/") and n.endswith(".py")]
     specs = [n for n in modules if n.startswith("mhalib/grade/exercises/ex")]
     assert specs == ["mhalib/grade/exercises/ex08_mha_to_gqa.py"]
