@@ -36,6 +36,7 @@ help:
 	@echo "make student-release  dist/mha-course-student.zip: the course without solutions/, to hand out"
 	@echo "make nbgrader   install nbgrader 0.9.6 beside the course ($(NBGRADER_VENV)/bin/nbgrader)"
 	@echo "make bench      run every benchmark and print the ratios"
+	@echo "make site       build the course site (static HTML) into build/site/; open build/site/index.html"
 	@echo "make autograder EXERCISE=NN  build the Gradescope zip for exercise NN (dist/)"
 
 # Small Python programs the recipes below run (exported, read as "$$NAME").
@@ -141,8 +142,30 @@ test: $(STAMP)
 	$(call stage,trained notebooks with portable kernels (1 thread),ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PYTEST) $(NBVAL) --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -n 2 --dist loadscope $(PORTABLE))
 	$(call stage,exercises (nbval-lax),$(PYTEST) $(NBVAL) --nbval-lax -n 2 --dist loadscope exercises)
 	$(call stage,notebook 07 beside a busy process (an explorer cell never leaves the run waiting),$(PYTEST) tests/test_notebook07_under_load.py -m under_load -p no:xdist -p no:cacheprovider)
-	$(call stage,browser,$(PYTEST) tests/browser -p no:cacheprovider)
+	$(call stage,browser,$(MAKE) --no-print-directory axe && $(PYTEST) tests/browser -p no:cacheprovider)
 	@echo "==> make test passed in $$(( $$(date +%s) - $$(cat $(VENV)/.test-start) )) s"
+
+# The course site: the notebooks with their stored outputs, the exercises and the guides
+# as static pages, searchable, nothing loaded from the network (tools/build_site.py).
+SITE_DIR ?= build/site
+.PHONY: site axe
+site: $(STAMP)
+	$(PY) tools/build_site.py --out $(SITE_DIR)
+
+# axe-core, the accessibility rules the browser stage checks the site and JupyterLab with: the
+# version pinned in tests/browser/package-lock.json, installed by npm into $(VENV)/axe (ignored
+# by git). Without npm the accessibility checks are skipped, saying so (and fail under CI).
+AXE_DIR := $(VENV)/axe
+AXE_JS  := $(AXE_DIR)/node_modules/axe-core/axe.min.js
+axe: $(AXE_JS)
+$(AXE_JS): tests/browser/package.json tests/browser/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+	  echo "==> axe-core as pinned in tests/browser/package-lock.json, into $(AXE_DIR) (npm ci)"; \
+	  mkdir -p $(AXE_DIR) && cp tests/browser/package.json tests/browser/package-lock.json $(AXE_DIR)/ && \
+	  npm ci --prefix $(AXE_DIR) --no-audit --no-fund --loglevel=error && touch $@; \
+	else \
+	  echo "==> npm not found: the browser stage's accessibility checks will be skipped (install Node.js and npm, e.g. sudo apt-get install npm)"; \
+	fi
 
 # The unit tests alone, in the .venv that is there (never rebuilt): a minute or two.
 unit:

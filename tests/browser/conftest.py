@@ -5,6 +5,10 @@ enable them, unless the environment variable ``CI`` is set: there their absence 
 failure, so a CI image that lost its browser cannot pass silently.
 
 Screenshots land in ``artifacts/screenshots/`` (ignored by git).
+
+The accessibility tests also need axe-core (``.venv/axe/``, installed by ``make test``
+with npm; see ``a11y.py``): without it they are skipped, or fail when ``CI`` is set.
+Their results, violations per page by impact, are printed at the end of the run.
 """
 
 from __future__ import annotations
@@ -130,6 +134,52 @@ def lab_page(browser, lab_server):
     finally:
         context.close()
         lab_server.shutdown_kernels()
+
+
+@pytest.fixture(scope="session")
+def axe(chromium_path) -> str:
+    """The source of axe-core's axe.min.js (skipped, or failed in CI, when it is missing)."""
+    from a11y import HOW_TO_INSTALL_AXE, axe_path, axe_source
+
+    source = axe_source()
+    if source is None:
+        reason = f"axe-core was not found at {axe_path()}"
+        if in_ci():
+            pytest.fail(f"{reason}. CI is set, so the accessibility checks must run: {HOW_TO_INSTALL_AXE}",
+                        pytrace=False)
+        pytest.skip(f"accessibility checks skipped: {reason}; {HOW_TO_INSTALL_AXE}")
+    return source
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory):
+    """The course site, built afresh from the working tree: ``(folder, pages)``."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tools"))
+    import build_site
+
+    out = tmp_path_factory.mktemp("site") / "site"
+    pages = build_site.build(out)
+    return out, pages
+
+
+_A11Y_REPORT: list = []
+
+
+@pytest.fixture(scope="session")
+def a11y_report() -> list:
+    """Append ``(what, {impact: failing elements})``; printed at the end of the run."""
+    return _A11Y_REPORT
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _A11Y_REPORT:
+        return
+    terminalreporter.section("axe-core (WCAG 2.1 A and AA): failing elements by impact")
+    for what, counts in _A11Y_REPORT:
+        shown = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+        terminalreporter.write_line(f"{what}: {shown}")
 
 
 @pytest.fixture(scope="session")

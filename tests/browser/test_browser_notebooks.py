@@ -3,13 +3,16 @@
 For each notebook whose code uses ``mhalib.widgets``: open it, run all cells from the
 Run menu, wait for the kernel, then check that the explorers are drawn as widgets, that
 no output shows a traceback or a widget error, and that every slider redraws its figure
-without breaking anything (see ``lab_harness.check_notebook``).
+without breaking anything (see ``lab_harness.check_notebook``); then that every control
+of every explorer is usable by keyboard alone and named for a screen reader, and that
+axe-core finds no serious or critical WCAG 2.1 A/AA violation in the explorers.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from a11y import blocking, by_impact, describe, explorer_by_keyboard, run_axe
 from lab_harness import NotebookPage, check_notebook, widget_notebooks
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -20,11 +23,22 @@ NOTEBOOKS = [pytest.param(p, id=p.stem) for p in widget_notebooks()] or [
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_widgets_work_in_jupyterlab(notebook, lab_page, lab_server, screenshots):
+def test_widgets_work_in_jupyterlab(notebook, lab_page, lab_server, screenshots, axe, a11y_report):
     nb = NotebookPage(lab_page, lab_server, f"notebooks/{notebook.name}").open()
     report = check_notebook(nb, screenshots)
     print(report.summary())
     assert report.explorers >= 1
+    # By keyboard alone: every control reached with Tab, named, its value announced, and
+    # each slider moved with the arrow keys (see a11y.explorer_by_keyboard) ...
+    for i in range(report.explorers):
+        stops = explorer_by_keyboard(nb, i)
+        print(f"explorer {i + 1} by keyboard: " + "; ".join(
+            f"{s['role']} {s['name']!r}" + (f" {s['value']!r} -> {s['moved_to']!r}" if "moved_to" in s else "")
+            for s in stops))
+    # ... and the explorers, as drawn in the running notebook, pass axe (WCAG 2.1 A and AA).
+    violations = run_axe(lab_page, axe, ".jp-Notebook .mhalib-explorer")
+    a11y_report.append((f"JupyterLab, run: the explorers of notebooks/{notebook.name}", by_impact(violations)))
+    assert not blocking(violations), f"{notebook.name}, explorers:\n{describe(blocking(violations))}"
 
 
 def test_widget_notebooks_are_found():
