@@ -7,8 +7,11 @@ the exercise   7 honest answers marked wrong   8 internal errors from the child 
 10 forged replies   11 no wall clock over a submission   12 the sandbox's view of the grader
 (environment, other processes, writable places)   13 a syntax error reported as a missing
 function   14 kernel interfaces (keyrings, tracing, namespaces, eBPF, io_uring, mounts)   15 memory
-and processes counted per process instead of per submission. Without a notebook of their own: links and special files as submissions, CSV cells
-read as formulas, and grading without a sandbox (--no-isolation).
+and processes counted per process instead of per submission   16 the submission's notebook read,
+converted and compiled in the grader's own process   17 processes that outlive a killed grader
+18 no CPU share per submission   19 socket families that reach outside the sandbox. Without a
+notebook of their own: links and special files as submissions, CSV cells read as formulas,
+and grading without a sandbox (--no-isolation).
 
 Placeholders in a fixture (``@NAME@``) are filled in here with paths of this run.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -73,7 +77,7 @@ def processes_with(marker):
 
 def test_every_root_cause_has_its_attack_fixture():
     fixtures = sorted(p.stem for p in FIXTURES.glob("attack_*.ipynb"))
-    assert sorted(int(name.split("_")[1]) for name in fixtures) == list(range(1, 16))
+    assert sorted(int(name.split("_")[1]) for name in fixtures) == list(range(1, 20))
     source = Path(__file__).read_text(encoding="utf-8")
     assert all(name in source for name in fixtures)
 
@@ -260,33 +264,6 @@ def bubblewrap_or_skip():
 GRADER_WITH = ("import sys\nfrom mhalib.grade.grader import grade_notebook\nfrom mhalib.grade.sandbox import "
                "Isolation, Limits\ngrade_notebook(sys.argv[1], isolation=Isolation('bubblewrap', userns=True, "
                "tmp_size=sys.argv[2] == 'True'), limits=Limits(cell_timeout_s=120, submission_s=300))\n")
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("mode", ["sandbox", "user namespace", "no isolation"])
-def test_4_no_child_outlives_a_killed_grader(tmp_path, mode):
-    """The grader is killed (SIGKILL) while a cell loops: its child, the submission's
-    process, is gone within seconds, whatever the isolation (as root the child is another
-    user, whom bubblewrap's parent-death signal cannot reach)."""
-    if mode != "no isolation":
-        isolation = bubblewrap_or_skip()
-        if mode == "user namespace" and isolation.userns:
-            pytest.skip("an ordinary user gets the user-namespace sandbox already")
-    nb, marker = looping_submission(tmp_path)
-    argv = ([sys.executable, "-c", GRADER_WITH, nb, str(isolation.tmp_size)] if mode == "user namespace" else
-            [sys.executable, "-m", "mhalib.grade", nb, "--cell-timeout", "120", "--submission-timeout", "300",
-             *(["--no-isolation"] if mode == "no isolation" else [])])
-    grader = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        end = time.monotonic() + 120
-        while not named(marker) and grader.poll() is None and time.monotonic() < end:
-            time.sleep(0.1)
-        assert named(marker), f"the looping cell never ran: {grader.poll()}"
-    finally:
-        grader.kill()
-        stderr = grader.communicate()[1].decode(errors="replace")
-    left = gone(marker, within=5)
-    assert not left, f"the child outlived its grader: {left} (pid: parent pid); {stderr[-500:]}"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -484,6 +461,16 @@ def test_11_a_wall_clock_caps_the_whole_submission(tmp_path):
     assert "used up its 8 s of wall-clock time" in result.text()
 
 
+def test_11_a_start_cut_short_by_the_submission_clock_names_that_clock():
+    """Exercise 03 (its child imports torch) with a submission clock of 0.4 s: the start-up is
+    cut short, and the report names the submission's clock, not the 60 s a start may take."""
+    needs_sandbox()
+    result = grade_notebook(ROOT / "solutions" / "03_mha_in_pytorch.ipynb", limits=Limits(submission_s=0.4), seed=11)
+    text = result.text()
+    assert "the submission used up its 0.4 s of wall-clock time" in text and "within 60 s" not in text, text
+    assert result.score == 0 and len(result.checks) == 4, text
+
+
 def test_11_submission_timeout_is_an_option_with_a_clear_error(tmp_path):
     proc = grade_cli(SOLUTION_01, "--submission-timeout", "0", cwd=tmp_path)
     assert proc.returncode == 2 and "--submission-timeout must be more than 0" in proc.stderr
@@ -607,6 +594,393 @@ def test_15_only_old_empty_groups_of_ended_graders_are_swept(tmp_path):
     assert young.exists() and not stale.exists() and mine.exists()  # mine is in use
     cgroup._sweep(str(tmp_path), min_age_s=0)
     assert not young.exists() and not mine.exists()
+
+
+# ----------------------------------------------------------------------------- 16
+def names_cell(mib):
+    """``mib`` MiB of code that is cheap to write and dear to compile: one name a line
+    (Python builds an AST node and a code line for each: 1.2 GB and 3 s for 2 MiB, measured)."""
+    return "a\n" * (mib << 19)
+
+
+def with_cells(tmp_path, name, cells):
+    """The attack-16 notebook with its last cell repeated, once per text in ``cells``."""
+    nb = json.loads((FIXTURES / "attack_16_work_in_the_grader.ipynb").read_text(encoding="utf-8"))
+    template = nb["cells"].pop()
+    nb["cells"] += [dict(template, source=text) for text in cells]
+    path = tmp_path / name
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    return path
+
+
+AUDITED_GRADER = """import json, sys
+path, marker, mode = sys.argv[1:4]
+data = open(path, "rb").read()
+seen = []
+
+
+def audit(event, args):  # every compile() of this process, as Python's audit events report it
+    if event == "compile" and args and isinstance(args[0], (str, bytes)):
+        text = args[0] if isinstance(args[0], str) else args[0].decode("utf-8", "replace")
+        if marker in text:
+            seen.append("compiled a cell")
+
+
+sys.addaudithook(audit)
+real_loads = json.loads
+
+
+def loads(text, *args, **kwargs):
+    if text in (data, data.decode("utf-8", "replace")):
+        seen.append("parsed the notebook's JSON")
+    return real_loads(text, *args, **kwargs)
+
+
+json.loads = loads
+from IPython.core import inputtransformer2
+
+real_transform = inputtransformer2.TransformerManager.transform_cell
+
+
+def transform(self, cell):
+    if marker in cell:
+        seen.append("converted a cell with IPython")
+    return real_transform(self, cell)
+
+
+inputtransformer2.TransformerManager.transform_cell = transform
+from mhalib.grade.grader import grade_notebook
+from mhalib.grade.sandbox import Isolation, decide
+
+result = grade_notebook(path, seed=16, isolation=Isolation("none") if mode == "no isolation" else decide())
+print(json.dumps({"seen": seen, "score": result.score, "text": result.text()}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["sandbox", "no isolation"])
+def test_16_nothing_of_a_submission_is_read_in_the_graders_process(tmp_path, mode):
+    """The grader's process neither parses the notebook's JSON, nor converts its IPython syntax,
+    nor compiles its cells (watched through Python's audit events and the two functions): the
+    child does all three, under its limits and the submission's clock; the answers still get
+    full marks, a ``%time`` line included. Before, the grader did all three itself, holding
+    its interpreter lock: a notebook of large cells stopped classmates graded beside it."""
+    if mode == "sandbox":
+        needs_sandbox()
+    marker = f"marker_{uuid.uuid4().hex}"
+    nb = json.loads(SOLUTION_01.read_text(encoding="utf-8"))
+    nb["cells"].append({"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                        "source": f"# {marker}\n%time {marker} = 1\n"})
+    path = tmp_path / "01_audited.ipynb"
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-c", AUDITED_GRADER, path, marker, mode], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["seen"] == [], report
+    assert report["score"] == 8, report["text"]
+
+
+def class_run(tmp_path, paths, *options, wanted, within=300):
+    """The command line grading ``paths`` with ``--jobs 2``, stopped (SIGTERM) as soon as its
+    results file holds ``wanted``; returns ``{file name: result}`` of what it holds then."""
+    results = tmp_path / "results.json"
+    grader = subprocess.Popen([sys.executable, "-m", "mhalib.grade", *map(str, paths), "--jobs", "2",
+                               "--results", str(results), "--quiet", *map(str, options)],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    found, end = {}, time.monotonic() + within
+    try:
+        while wanted not in found and grader.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+            try:
+                data = json.loads(results.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            found = {Path(r["submission"]).name: r for r in data.get("submissions", [])}
+        if wanted not in found and results.exists():
+            data = json.loads(results.read_text(encoding="utf-8"))
+            found = {Path(r["submission"]).name: r for r in data.get("submissions", [])}
+    finally:
+        grader.terminate()
+        out, err = grader.communicate(timeout=60)
+    assert wanted in found, f"{wanted} was never graded: {out.decode()[-2000:]} {err.decode()[-2000:]}"
+    return found
+
+
+def test_16_big_cells_do_not_stop_a_classmate_graded_beside_them(tmp_path):
+    """Six cells of 2 MiB of names (about 18 s of compiling) beside an honest classmate, --jobs 2:
+    the compiling is the attacker's child's, on its own clock, and the classmate gets its
+    8 points at once; each result is in the results file as soon as it is graded (the run is
+    stopped then). Before, the grader compiled them itself, holding its interpreter lock, and
+    the classmate's clock ran out waiting (2.67 / 8 at --submission-timeout 30)."""
+    needs_sandbox()
+    attacker = with_cells(tmp_path, "01_big_cells.ipynb", [names_cell(2)[:-2]] * 6)
+    honest = tmp_path / "01_honest.ipynb"
+    honest.write_bytes(SOLUTION_01.read_bytes())
+    found = class_run(tmp_path, [attacker, honest], "--submission-timeout", "12", wanted=honest.name)
+    assert found[honest.name]["score"] == 8, found[honest.name]
+
+
+MEASURED_GRADER = """import json, resource, sys
+from mhalib.grade import exercises
+from mhalib.grade.grader import grade_notebook
+from mhalib.grade.sandbox import Isolation, decide
+
+isolation = Isolation("none") if sys.argv[2] == "no isolation" else decide()
+exercises.all_exercises()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+result = grade_notebook(sys.argv[1], seed=16, isolation=isolation)
+grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps({"grew_mib": grew / 1024, "text": result.text()}))
+"""
+
+
+def test_16_a_cell_over_the_cap_is_not_run_and_the_grader_stays_small(tmp_path):
+    """One cell of 4 MiB of names: over the 2 MiB a cell may hold, so the child does not run it
+    (the report names the cell and the cap), and the grader's own memory grows by a few copies
+    of the file, not by the 2.7 GB that compiling it takes (a 19 MiB cell took the grader to
+    7.7 GB: two at --jobs 2 would have been killed for memory, losing the class's results)."""
+    needs_sandbox()
+    path = with_cells(tmp_path, "01_huge_cell.ipynb", [names_cell(4)])
+    proc = subprocess.run([sys.executable, "-c", MEASURED_GRADER, path, "sandbox"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert "code cell 2 (the one starting `a`) was not run: it holds 4.0 MiB of code; cells over 2 MiB are not run" \
+        in report["text"], report["text"]
+    assert report["grew_mib"] < 16 * 4, report  # 16 times the file; compiling it in this process takes 670 times
+
+
+def test_16_ipython_help_lines_are_converted_without_ipython(tmp_path):
+    """A cell of 32 KB of ``a?`` lines (IPython's help), which IPython re-reads once per line it
+    rewrites (153 s of the grader's time, outside any clock): more than 20 lines IPython would
+    rewrite, so it is converted line by line, in the child (each line a ``pass``): no syntax
+    error, and the run ends well within the 90 s this test waits (153 s before)."""
+    needs_sandbox()
+    path = fixture(tmp_path, "attack_16_work_in_the_grader", CELL="a?\n" * 10_922)  # 32,766 characters
+    proc = grade_cli(path, cwd=tmp_path, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SYNTAX ERROR" not in proc.stdout and "no function named causal_mask" in proc.stdout, proc.stdout
+
+
+STOPPED_IPYTHON = """import json, sys, time
+from IPython.core import inputtransformer2
+from mhalib.grade.grader import _approximate_python, to_python
+
+
+def forever(self, cell):  # an IPython that never finishes a cell
+    while True:
+        pass
+
+
+inputtransformer2.TransformerManager.transform_cell = forever
+cell = "x = !ls\\ny = 1"
+print(json.dumps(to_python(cell, deadline=time.monotonic() + 0.5) == _approximate_python(cell)))
+"""
+
+
+def test_16_ipythons_conversion_is_stopped_at_the_notebooks_budget():
+    """The notebook's seconds of IPython are a hard cap: an interval timer stops IPython in the
+    middle of a cell, which is then converted line by line (before, the budget was only
+    looked at between cells, and one cell could take minutes)."""
+    proc = subprocess.run([sys.executable, "-c", STOPPED_IPYTHON], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "true", proc.stdout + proc.stderr[-2000:]
+
+
+def test_16_a_class_run_keeps_each_result_as_it_comes(tmp_path):
+    """The CSV and the results file are written as each submission finishes: a grader killed
+    (SIGKILL) while the next submission loops has kept the first one's row and result, and
+    the looping submission's processes are gone. Before, both were written at the end only."""
+    honest = tmp_path / "01_honest.ipynb"
+    honest.write_bytes(SOLUTION_01.read_bytes())
+    looping, marker = looping_submission(tmp_path)
+    table, results = tmp_path / "grades.csv", tmp_path / "results.json"
+    grader = subprocess.Popen([sys.executable, "-m", "mhalib.grade", honest, looping, "--no-isolation", "--csv", table,
+                               "--results", results, "--cell-timeout", "120", "--submission-timeout", "300"],
+                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        end = time.monotonic() + 120
+        while not named(marker) and grader.poll() is None and time.monotonic() < end:
+            time.sleep(0.1)
+        assert named(marker), f"the looping cell never ran: {grader.poll()}"
+    finally:
+        grader.kill()
+        stderr = grader.communicate()[1].decode(errors="replace")
+    import csv
+
+    rows = list(csv.DictReader(table.open(encoding="utf-8")))
+    assert [(Path(r["submission"]).name, r["score"]) for r in rows] == [("01_honest.ipynb", "8")], stderr[-1000:]
+    data = json.loads(results.read_text(encoding="utf-8"))
+    assert [(Path(r["submission"]).name, r["score"]) for r in data["submissions"]] == [("01_honest.ipynb", 8.0)]
+    assert not gone(marker, within=5)
+
+
+# ----------------------------------------------------------------------------- 17
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("mode", ["sandbox", "user namespace", "no isolation"])
+def test_17_no_process_outlives_a_killed_grader(tmp_path, mode):
+    """A cell clears its parent-death signal, double-forks a grandchild into a session of its
+    own, and both loop; three graders of it are killed, by SIGKILL, SIGTERM and SIGHUP: every
+    process of the submission is gone within seconds, in the sandbox (as root: a uid of its
+    own), in the user-namespace sandbox an ordinary user gets, and with --no-isolation. Each
+    child is started by a keeper of the grader's, a child subreaper, which ends the whole
+    tree when the grader's pipe to it closes, however the grader ended. Before, the looping
+    child survived its grader in the user namespace (running as the instructor) and without
+    isolation (with the instructor's rights)."""
+    isolation = bubblewrap_or_skip() if mode != "no isolation" else None
+    if mode == "user namespace" and isolation.userns:
+        pytest.skip("an ordinary user gets the user-namespace sandbox already")
+    graders = {}
+    for number in (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP):
+        marker = f"o{int(number)}{uuid.uuid4().hex[:12]}"  # comm holds 15 characters
+        nb = fixture(tmp_path, "attack_17_outlive_the_grader", tmp_path / marker / "attack_17.ipynb", MARKER=marker)
+        argv = ([sys.executable, "-c", GRADER_WITH, nb, str(isolation.tmp_size)] if mode == "user namespace" else
+                [sys.executable, "-m", "mhalib.grade", nb, "--cell-timeout", "120", "--submission-timeout", "300",
+                 *(["--no-isolation"] if mode == "no isolation" else [])])
+        graders[number] = (subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE),
+                           marker)
+    try:
+        end = time.monotonic() + 120
+        while (any(len(named(marker)) < 2 and grader.poll() is None for grader, marker in graders.values())
+               and time.monotonic() < end):
+            time.sleep(0.1)
+        for number, (grader, marker) in graders.items():  # the child and its grandchild
+            assert len(named(marker)) == 2, f"the attack did not run ({signal.Signals(number).name}): {grader.poll()}"
+    finally:
+        for number, (grader, _) in graders.items():
+            grader.send_signal(number)
+        stderr = {number: grader.communicate()[1].decode(errors="replace")[-300:]
+                  for number, (grader, _) in graders.items()}
+    left = {signal.Signals(number).name: gone(marker, within=5) for number, (_, marker) in graders.items()}
+    assert not any(left.values()), f"outlived their grader (pid: parent pid): {left}; {stderr}"
+
+
+# ----------------------------------------------------------------------------- 18
+def cpu_group_for_a_grader():
+    """A fresh cpu cgroup (v1) under this process's own, for a grader to run in: the grader is
+    then in one cpu group of its own, as in a container or a systemd unit, where the kernel's
+    session autogroups do not share the processors. Skips where it cannot be set up."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to make a cpu cgroup for the grader to run in")
+    if cgroup.support():
+        pytest.skip(f"the grader has no cgroup here: {cgroup.support()}")
+    if os.path.exists(os.path.join(cgroup.ROOT, "cgroup.controllers")):
+        pytest.skip("cgroup v2: a grader inside a group of its own cannot give each submission a group there "
+                    "(the group holds the grader, and v2 lets only a group without processes share out "
+                    "its controllers); this test sets the grader up on cgroup v1")
+    mount = os.path.join(cgroup.ROOT, "cpu")
+    own = next((path for _, names, path in (line.rstrip("\n").split(":", 2)
+                                            for line in open("/proc/self/cgroup", encoding="ascii"))
+                if "cpu" in names.split(",")), None)
+    if own is None or not os.path.exists(os.path.join(mount, "cgroup.procs")):
+        pytest.skip("no cgroup v1 cpu controller mounted at /sys/fs/cgroup/cpu")
+    folder = os.path.join(mount, own.lstrip("/"), f"mhalib-test-cpu-{uuid.uuid4().hex[:8]}")
+    os.mkdir(folder)
+    with open(os.path.join(folder, "cpu.shares"), "w", encoding="ascii") as f:
+        f.write("16384")  # 16 times a process's weight: the machine's other work does not decide how it ends
+    return folder
+
+
+def remove_cpu_group(folder):
+    """Remove the group and what the graders left in it (empty once their keepers are done)."""
+    end = time.monotonic() + 10
+    while os.path.isdir(folder) and time.monotonic() < end:
+        for name in os.listdir(folder):
+            if name.startswith(cgroup.PREFIX):
+                try:
+                    os.rmdir(os.path.join(folder, name))
+                except OSError:
+                    pass
+        try:
+            os.rmdir(folder)
+        except OSError:
+            time.sleep(0.1)
+
+
+CLASS_WITH = """import json, os, sys, time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from mhalib.grade.grader import grade_notebook
+from mhalib.grade.sandbox import Isolation, Limits, decide
+
+mode, marker, attacker, honest = sys.argv[1:5]
+isolation = decide() if mode == "sandbox" else Isolation("bubblewrap", userns=True, tmp_size=decide().tmp_size)
+limits = Limits(submission_s=8)
+
+
+def spinning():
+    found = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            found += open(f"/proc/{pid}/comm").read().strip() == marker
+        except OSError:
+            pass
+    return found
+
+
+with ThreadPoolExecutor(2) as pool:  # as --jobs 2 does: two jobs, two slots
+    futures = [pool.submit(grade_notebook, attacker, seed=18, isolation=isolation, limits=limits, slot=0)]
+    end = time.monotonic() + 120
+    while spinning() < 30 and time.monotonic() < end:  # the classmate is graded while the attack runs
+        time.sleep(0.05)
+    futures.append(pool.submit(grade_notebook, honest, seed=18, isolation=isolation, limits=limits, slot=1))
+    for future in as_completed(futures):
+        result = future.result()
+        print(json.dumps({"path": result.path, "score": result.score, "text": result.text()}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["sandbox", "user namespace"])
+def test_18_a_submission_cannot_take_the_processors_from_a_classmate(tmp_path, mode):
+    """The grader runs inside one cpu cgroup; a submission starts 60 spinning processes, and an
+    honest classmate is graded beside it once they spin (two jobs, --submission-timeout 8):
+    each submission's group has an equal CPU weight, so the classmate gets its share and its
+    8 points (the run is stopped then). Before, the scheduler shared the processors between
+    processes, 61 of them: the classmate's child did not start before its clock ran out (0 / 8
+    in 1 of 2 runs at the default 30 s)."""
+    isolation = bubblewrap_or_skip()
+    if mode == "user namespace" and isolation.userns:
+        pytest.skip("an ordinary user gets the user-namespace sandbox already")
+    folder = cpu_group_for_a_grader()
+    marker = f"spin{uuid.uuid4().hex[:11]}"  # comm holds 15 characters
+    attacker = fixture(tmp_path, "attack_18_cpu_starvation", tmp_path / "01_spinner.ipynb", SPINNERS=60, MARKER=marker)
+    honest = tmp_path / "03_honest.ipynb"  # its child imports torch: 1.5 s of CPU alone
+    honest.write_bytes((ROOT / "solutions" / "03_mha_in_pytorch.ipynb").read_bytes())
+    grader = subprocess.Popen(["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', folder, sys.executable,
+                               "-c", CLASS_WITH, mode, marker, attacker, honest], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        graded = {}
+        for line in grader.stdout:  # a line per submission as it is graded
+            result = json.loads(line)
+            graded[Path(result["path"]).name] = result
+            if honest.name in graded:
+                break
+    finally:
+        grader.kill()
+        stderr = grader.communicate()[1]
+        remove_cpu_group(folder)
+    assert honest.name in graded, stderr[-2000:]
+    assert not gone(marker, within=5)
+    assert graded[honest.name]["score"] == 8, graded[honest.name]["text"]
+    assert "an equal share of the CPU per submission (cgroup cpu weight)" in graded[honest.name]["text"]
+
+
+# ----------------------------------------------------------------------------- 19
+@pytest.mark.parametrize("userns", [False, True], ids=["as root or own uid", "user namespace"])
+def test_19_every_socket_family_but_unix_is_refused(tmp_path, userns):
+    """Every socket family but AF_UNIX, through socket() and socketpair(), with four socket
+    types each, ends in EAFNOSUPPORT, refused by the system-call filter: AF_VSOCK (a virtual
+    machine's host ports), AF_NETLINK, AF_PACKET, AF_ALG, AF_INET and the rest; AF_UNIX still
+    works. Before, socket(AF_VSOCK) succeeded in the sandbox on cloud and Firecracker machines."""
+    isolation = needs_sandbox()
+    if not seccomp.supported():
+        pytest.skip("no system-call filter for this machine")
+    if isolation.kind != "bubblewrap" and userns:
+        pytest.skip("needs bubblewrap")
+    box = (Isolation("bubblewrap", tmp_size=isolation.tmp_size, userns=userns or isolation.userns)
+           if isolation.kind == "bubblewrap" else isolation)
+    result = grade_notebook(FIXTURES / "attack_19_socket_families.ipynb", limits=FAST, seed=19, isolation=box)
+    assert "probe={'not refused': [], 'unix': 'ok'}" in by_name(result)[MASK].output, result.text()
 
 
 def test_8_a_forked_process_never_answers_for_the_child(tmp_path):

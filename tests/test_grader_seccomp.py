@@ -12,6 +12,11 @@ import pytest
 from mhalib.grade import seccomp
 
 EPERM, ENOSYS = seccomp.ERRNO | errno.EPERM, seccomp.ERRNO | errno.ENOSYS
+EAFNOSUPPORT = seccomp.ERRNO | errno.EAFNOSUPPORT
+# socket() and socketpair(), from the kernel's tables (arch/x86/entry/syscalls/syscall_64.tbl and
+# include/uapi/asm-generic/unistd.h), and the families of include/linux/socket.h
+SOCKET_CALLS = {"x86_64": {"socket": 41, "socketpair": 53}, "aarch64": {"socket": 198, "socketpair": 199}}
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_ALG, AF_VSOCK = 1, 2, 10, 16, 17, 38, 40
 # A few calls every Python process makes: (x86-64, arm64).
 EVERYDAY = {"read": (0, 63), "write": (1, 64), "openat": (257, 56), "mmap": (9, 222), "futex": (202, 98),
             "exit_group": (231, 94), "rt_sigaction": (13, 134), "memfd_create": (319, 279)}
@@ -65,3 +70,17 @@ def test_another_architecture_is_killed():
 def test_an_unknown_machine_is_a_clear_error():
     with pytest.raises(ValueError, match="x86_64 or aarch64 only"):
         seccomp.program("riscv64")
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_every_socket_family_but_unix_is_refused(machine):
+    """socket() and socketpair() answer EAFNOSUPPORT for every family but AF_UNIX (AF_VSOCK, a
+    virtual machine's host ports, among them); only the low 32 bits of the family count, as
+    the kernel reads an int."""
+    program, arch = seccomp.program(machine), seccomp.AUDIT_ARCH[machine]
+    for name, number in SOCKET_CALLS[machine].items():
+        assert run(program, number, arch, AF_UNIX) == seccomp.ALLOW, name
+        assert run(program, number, arch, (7 << 32) | AF_UNIX) == seccomp.ALLOW, name
+        for family in (AF_VSOCK, AF_NETLINK, AF_PACKET, AF_ALG, AF_INET, AF_INET6, 0, 45, 255, 1 << 16):
+            assert run(program, number, arch, family) == EAFNOSUPPORT, (name, family)
+        assert all(run(program, number, arch, family) == EAFNOSUPPORT for family in range(2, 64)), name

@@ -5,10 +5,11 @@ the mean score (a file that is none of the course's exercises is listed apart, l
 ``--results`` writes Gradescope's results.json (for several submissions:
 ``{"submissions": [...], "not_graded": [...], "mean_score": ...}``). ``--csv`` keeps one row
 per submission: a rerun replaces the rows of the submissions it grades and keeps the
-others. Each row names its student, from ``--roster`` or from the file names Canvas and
-Moodle give downloaded submissions; ``--gradebook canvas|moodle FILE`` writes the grades as
-that LMS imports them. The isolation is decided once, before the first submission, and
-printed with every result.
+others. Both are written again as each submission finishes, so a run that is stopped
+(killed, out of memory) keeps every result it had. Each row names its student, from
+``--roster`` or from the file names Canvas and Moodle give downloaded submissions;
+``--gradebook canvas|moodle FILE`` writes the grades as that LMS imports them. The
+isolation is decided once, before the first submission, and printed with every result.
 
 Exit status (``EXIT_STATUS``): 0 every submission was graded; 1 some submission needs a
 look (not graded, not readable as a notebook, or without a student ID that --roster or
@@ -32,7 +33,7 @@ import stat
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -128,12 +129,13 @@ def mean_score(results):
     return round(sum(r.score for r in graded) / len(graded), 2) if graded else None
 
 
-def results_json(results):
-    """The results JSON: Gradescope's format for one submission.
+def results_json(results, single=None):
+    """The results JSON: Gradescope's format for one submission (``single``: the run grades
+    one; by default, when ``results`` holds one).
 
     For several: the graded submissions, those not graded (with the reason) and the mean score.
     """
-    if len(results) == 1:
+    if (len(results) == 1) if single is None else single and len(results) == 1:
         return results[0].gradescope()
     return {"submissions": [dict(r.gradescope(), submission=r.path) for r in results if r.graded],
             "not_graded": [{"submission": r.path, "reason": _why_not_graded(r)} for r in results if not r.graded],
@@ -429,12 +431,31 @@ def main(argv=None):
         finally:
             slots.put(slot)
 
+    done, shown, unsaved = [None] * len(args.submissions), 0, None
+
+    def save(results):
+        """The results and the CSV rows of the submissions graded so far, in the order named."""
+        students = {r.path: student_of(r.path, roster) for r in results}
+        if args.results:
+            write_file(args.results, json.dumps(results_json(results, len(args.submissions) == 1), indent=2) + "\n")
+        if args.csv:
+            write_file(args.csv, csv_text(results, csv_before, students, graded_at))
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(one, args.submissions))
+        futures = {pool.submit(one, path): i for i, path in enumerate(args.submissions)}
+        for future in as_completed(futures):  # each result is printed and written as soon as it is known
+            done[futures[future]] = future.result()
+            while shown < len(done) and done[shown] is not None:
+                r = done[shown]
+                print(r.text() if not args.quiet else f"{clean(r.path, 200)}: " +
+                      (f"{r.score:g} / {r.max_score:g}" if r.graded else "not graded"), flush=True)
+                shown += 1
+            try:
+                save([r for r in done if r is not None])
+            except OSError as exc:  # tried again at the end, where a failure is the exit status
+                unsaved = exc
+    results = done
     students = {r.path: student_of(r.path, roster) for r in results}
-    for r in results:
-        print(r.text() if not args.quiet else f"{clean(r.path, 200)}: " +
-              (f"{r.score:g} / {r.max_score:g}" if r.graded else "not graded"))
     graded = [r for r in results if r.graded]
     unreadable = [r.path for r in graded if r.unreadable]
     if len(results) > 1:
@@ -476,10 +497,8 @@ def main(argv=None):
                       f"has the last one's grade")
             status = 1 if left_out or repeated else status
     try:
-        if args.results:
-            write_file(args.results, json.dumps(results_json(results), indent=2) + "\n")
-        if args.csv:
-            write_file(args.csv, csv_text(results, csv_before, students, graded_at))
+        if unsaved is not None or not args.submissions:
+            save(results)
         if book_text is not None:
             write_file(book, book_text)
     except OSError as exc:

@@ -1,19 +1,23 @@
-"""One submission's memory and processes, counted over all its processes: a control group.
+"""One submission's memory, processes and CPU, counted over all its processes: a control group.
 
 A per-process limit (``RLIMIT_AS``) does not hold a submission that forks, or that keeps
 its data in memfds, shared memory or tmpfs files, which no address space counts. A control
 group does: the kernel charges every page of every process in it, files in memory
 included, and counts its processes and threads. Each :class:`~mhalib.grade.sandbox.Sandbox`
-makes one (``memory`` at ``Limits.memory_mb``, no swap; ``pids`` at ``Limits.nproc``); its
-child is moved in by a small shell before bubblewrap or Python starts, so nothing of the
-submission ever runs outside it; it is emptied (every process killed) and removed when
-the submission is done.
+makes one (``memory`` at ``Limits.memory_mb``, no swap; ``pids`` at ``Limits.nproc``; and,
+where the ``cpu`` controller is there, an equal CPU weight: the scheduler then shares the
+processors between the submissions graded side by side, not between their processes, so
+that 60 spinning processes of one submission take no more than one classmate's single
+one); its child is moved in by a small shell before bubblewrap or Python starts, so
+nothing of the submission ever runs outside it; it is emptied (every process killed) and
+removed when the submission is done.
 
 Where: cgroup v2 (``/sys/fs/cgroup`` unified) under the grader's own group, which needs
-``memory`` and ``pids`` delegated to it (root in a container usually has them); cgroup v1
-(``/sys/fs/cgroup/memory`` and ``/sys/fs/cgroup/pids``) under the grader's own groups. An
-ordinary user without a delegated group has none: :func:`support` says why, the grader's
-report says so, and the per-process limits are all there is.
+``memory`` and ``pids`` (and ``cpu`` for the share) delegated to it (root in a container
+usually has them); cgroup v1 (``/sys/fs/cgroup/memory``, ``/sys/fs/cgroup/pids`` and
+``/sys/fs/cgroup/cpu``) under the grader's own groups. An ordinary user without a delegated
+group has none: :func:`support` says why, the grader's report says so, and the
+per-process limits are all there is.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ import signal
 import time
 import uuid
 
-__all__ = ["Cgroup", "Unavailable", "support"]
+__all__ = ["Cgroup", "Unavailable", "support", "shares_cpu"]
 
 ROOT = "/sys/fs/cgroup"
 PREFIX = "mhalib-grade-"
+CPU_WEIGHT, CPU_SHARES = 100, 1024  # each submission's CPU weight: v2's cpu.weight and v1's cpu.shares (the defaults)
 _ACTIVE = set()  # the names of this process's groups in use
 
 
@@ -36,12 +41,13 @@ class Unavailable(OSError):
 
 
 def _own_path(controller):
-    """This process's group in the hierarchy of ``controller`` (``""``: the v2 line)."""
+    """This process's group in the hierarchy of ``controller`` (``""``: the v2 line); v1
+    controllers mounted together (``cpu,cpuacct``) share a line."""
     try:
         with open("/proc/self/cgroup", encoding="ascii") as f:
             for line in f:
                 _, names, path = line.rstrip("\n").split(":", 2)
-                if names.split(",") == [controller] if controller else names == "":
+                if controller in names.split(",") if controller else names == "":
                     return path
     except (OSError, ValueError):
         pass
@@ -53,9 +59,11 @@ def _parents():
     if os.path.exists(os.path.join(ROOT, "cgroup.controllers")):  # the unified hierarchy
         return 2, [("", os.path.join(ROOT, _own_path("").lstrip("/")))]
     found = []
-    for controller in ("memory", "pids"):
-        mount = os.path.join(ROOT, controller)
+    for controller in ("memory", "pids", "cpu"):
+        mount = os.path.join(ROOT, controller)  # "cpu" is often a link to "cpu,cpuacct"
         if not os.path.exists(os.path.join(mount, "cgroup.procs")):
+            if controller == "cpu":  # the share is reported as missing; memory and processes are not optional
+                continue
             raise Unavailable(f"no cgroup {controller} controller mounted at {mount}")
         own = os.path.join(mount, _own_path(controller).lstrip("/"))
         found.append((controller, own if os.path.isdir(own) else mount))
@@ -86,26 +94,29 @@ def _alive(pid):
 
 
 class Cgroup:
-    """One submission's group(s): ``folders`` (one in v2; ``memory`` and ``pids`` in v1)."""
+    """One submission's group(s): ``folders`` (one in v2; ``memory``, ``pids`` and ``cpu`` in
+    v1); ``cpu``: whether it has a CPU weight of its own."""
 
-    def __init__(self, version, folders):
-        self.version, self.folders = version, folders
+    def __init__(self, version, folders, cpu=False):
+        self.version, self.folders, self.cpu = version, folders, cpu
 
     @classmethod
     def create(cls, memory_mb, nproc, tag=""):
         """A new group of at most ``memory_mb`` MiB (no swap) and ``nproc`` processes and
-        threads; :class:`Unavailable` where none can be made."""
+        threads, with an equal CPU weight where the ``cpu`` controller can be had;
+        :class:`Unavailable` where none can be made."""
         try:
             version, parents = _parents()
         except OSError as exc:
             raise Unavailable(str(exc)) from None
         name = f"{PREFIX}{os.getpid()}-{tag}{uuid.uuid4().hex[:8]}"
-        folders = []
+        folders, cpu = [], False
         try:
             if version == 2:
                 parent = parents[0][1]
                 enabled = _read(os.path.join(parent, "cgroup.subtree_control")).split()
-                missing = [c for c in ("memory", "pids") if c not in enabled]
+                cpu = "cpu" in _read(os.path.join(parent, "cgroup.controllers")).split()
+                missing = [c for c in ("memory", "pids") + (("cpu",) if cpu else ()) if c not in enabled]
                 if missing:  # fails (EBUSY) where the grader's group holds processes and is not the root
                     _write(os.path.join(parent, "cgroup.subtree_control"), " ".join("+" + c for c in missing))
                 _sweep(parent)
@@ -116,6 +127,8 @@ class Cgroup:
                 if os.path.exists(os.path.join(folder, "memory.swap.max")):
                     _write(os.path.join(folder, "memory.swap.max"), "0")
                 _write(os.path.join(folder, "pids.max"), str(nproc))
+                if cpu:
+                    _write(os.path.join(folder, "cpu.weight"), str(CPU_WEIGHT))
             else:
                 for controller, parent in parents:
                     _sweep(parent)
@@ -126,14 +139,17 @@ class Cgroup:
                         _write(os.path.join(folder, "memory.limit_in_bytes"), str(memory_mb << 20))
                         if os.path.exists(os.path.join(folder, "memory.memsw.limit_in_bytes")):
                             _write(os.path.join(folder, "memory.memsw.limit_in_bytes"), str(memory_mb << 20))
-                    else:
+                    elif controller == "pids":
                         _write(os.path.join(folder, "pids.max"), str(nproc))
+                    else:
+                        _write(os.path.join(folder, "cpu.shares"), str(CPU_SHARES))
+                        cpu = True
         except OSError as exc:
             Cgroup(version, folders).remove()
             where = exc.filename or (parents[0][1] if parents else ROOT)
             raise Unavailable(f"cgroup v{version}: {exc.strerror or exc} ({where})") from None
         _ACTIVE.add(name)
-        return cls(version, folders)
+        return cls(version, folders, cpu)
 
     def wrap(self, argv):
         """``argv`` started by a shell that first moves itself into the group (then ``exec``)."""
@@ -232,10 +248,20 @@ def _sweep(parent, min_age_s=60):
 
 
 @functools.lru_cache(maxsize=None)
+def _probe():
+    try:
+        group = Cgroup.create(64, 8, tag="probe-")
+    except Unavailable as exc:
+        return str(exc), False
+    group.remove()
+    return "", group.cpu
+
+
 def support():
     """``""`` where this grader can give each submission a group, else why not."""
-    try:
-        Cgroup.create(64, 8, tag="probe-").remove()
-    except Unavailable as exc:
-        return str(exc)
-    return ""
+    return _probe()[0]
+
+
+def shares_cpu():
+    """Whether each submission's group also has a CPU weight of its own (the ``cpu`` controller)."""
+    return _probe()[1]

@@ -1,11 +1,13 @@
-"""Grade one submission: read the notebook, run it in the sandbox, judge every case.
+"""Grade one submission: read the file, have the sandbox's child read and run it, judge every case.
 
-The learner's code runs only in the sandbox's child (:mod:`mhalib.grade.sandbox`);
-this module draws the inputs, computes the reference answers from ``mhalib``, compares
-and writes the results, in the grader's own process. Nothing here raises on a bad
-submission: a truncated file, a crashing or hanging child, a reply that cannot be read,
-all end as a result with a reason. Every text that comes from the submission is made
-one printable line and cut short before it reaches a report.
+The learner's notebook is read, converted and compiled only in the sandbox's child
+(:meth:`mhalib.grade.sandbox.Sandbox.read`), under the child's limits and the
+submission's clock: this process reads the file's bytes and nothing of what they hold;
+it draws the inputs, computes the reference answers from ``mhalib``, compares and writes
+the results. Nothing here raises on a bad submission: a truncated file, a crashing or
+hanging child, a reply that cannot be read, all end as a result with a reason. Every text
+that comes from the submission is made one printable line and cut short before it
+reaches a report.
 """
 
 from __future__ import annotations
@@ -29,20 +31,17 @@ import numpy as np
 from mhalib.grade import exercises as registry
 from mhalib.grade.sandbox import Limits, Sandbox, decide
 from mhalib.grade.spec import Draws, explain_error, fix_draws, judge_raised, judge_returned
+# The child's reading of a notebook, named here too (the tests and earlier callers use these names).
+from mhalib.grade.worker import (IPYTHON_MAX_CHARS, IPYTHON_MAX_LINES, IPYTHON_MAX_MAGICS,  # noqa: F401
+                                 IPYTHON_SECONDS, KEEP_CELL_MAGICS, MAX_CELL_CHARS, MAX_CODE_CELLS, SKIP_TAGS,
+                                 NotebookError, _approximate_python, clean, code_cell_labels, code_cells,
+                                 syntax_errors, to_python)
 
 __all__ = ["CheckResult", "SubmissionResult", "grade_notebook", "load_notebook", "read_submission",
            "NotebookError", "code_cells", "code_cell_labels", "clean"]
 
 MAX_NOTEBOOK_BYTES = 20 << 20
-READ_DEADLINE_S = 10.0  # reading one submission
-SKIP_TAGS = {"self-check", "grader-skip"}
-
-
-def clean(text, limit=300):
-    """``text`` as one printable line of at most ``limit`` characters (the rest cut, marked)."""
-    text = str(text)
-    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text[: limit * 2])
-    return text if len(text) <= limit else text[: limit - 5] + " ..."
+READ_DEADLINE_S = 10.0  # reading one submission's file
 
 
 @dataclass
@@ -125,11 +124,6 @@ class SubmissionResult:
 
 
 # ----------------------------------------------------------------------------- notebooks
-class NotebookError(Exception):
-    """The submission could not be read as a notebook; the message says why."""
-    pass
-
-
 class NotRegularFile(NotebookError):
     """A link, a FIFO, a device, a folder or a file of /proc: refused before any read."""
 
@@ -218,7 +212,8 @@ def read_submission(path, limit=MAX_NOTEBOOK_BYTES, deadline_s=READ_DEADLINE_S):
 
 def load_notebook(path, data=None):
     """The submission as an ``nbformat`` notebook (version 4); :class:`NotebookError` says why not.
-    ``data``: its bytes, when already read with :func:`read_submission`."""
+    ``data``: its bytes, when already read with :func:`read_submission`. It parses the file in
+    the calling process: grading never calls it (the sandbox's child reads the notebook)."""
     if "nbformat" not in sys.modules:
         # jsonschema, which nbformat imports, builds a URI grammar when rfc3987-syntax is
         # installed: a second at start-up, for a format the grader never checks.
@@ -239,38 +234,6 @@ def load_notebook(path, data=None):
         raise NotebookError(f"the file is not a valid notebook (bad JSON: {clean(exc, 100)}; was it truncated?)") from None
     except Exception as exc:  # noqa: BLE001 - unreadable, nested too deeply, or nbformat's own errors
         raise NotebookError(f"the file is not a valid notebook ({type(exc).__name__}: {clean(exc, 150)})") from None
-
-
-def code_cells(nb):
-    """``[(index, source)]`` of the code cells the grader runs (self-checks skipped); ``index``
-    is the cell's position among all the notebook's cells (see :func:`code_cell_labels`)."""
-    out = []
-    for index, cell in enumerate(c if isinstance(c, dict) else {} for c in nb.get("cells") or []):
-        meta, source = cell.get("metadata"), cell.get("source", "")
-        tags = meta.get("tags") if isinstance(meta, dict) else None
-        source = "".join(s for s in source if isinstance(s, str)) if isinstance(source, list) else source
-        if (cell.get("cell_type") == "code" and isinstance(source, str) and source.strip()
-                and not (isinstance(tags, list) and SKIP_TAGS & {t for t in tags if isinstance(t, str)})):
-            out.append((index, source))
-    return out
-
-
-def code_cell_labels(nb):
-    """``{index: label}``: each code cell named as a learner finds it in JupyterLab, which
-    numbers no cell: ``"code cell N (the one starting `first line`)"``, N counted from 1 over
-    the notebook's code cells in order (markdown and raw cells are not counted; self-checks
-    and empty cells are); ``index`` is its position among all cells, as in :func:`code_cells`."""
-    labels, number = {}, 0
-    for index, cell in enumerate(c if isinstance(c, dict) else {} for c in nb.get("cells") or []):
-        if cell.get("cell_type") != "code":
-            continue
-        number += 1
-        source = cell.get("source", "")
-        source = "".join(s for s in source if isinstance(s, str)) if isinstance(source, list) else source
-        first = next((line.strip() for line in str(source or "").splitlines() if line.strip()), "")
-        first = clean(first, 40).replace("`", "'")
-        labels[index] = f"code cell {number} " + (f"(the one starting `{first}`)" if first else "(an empty one)")
-    return labels
 
 
 # The sandbox and its child name a cell by its index: "cell 7 ...", "cell 7, line 3: ...",
@@ -459,76 +422,6 @@ def grade_notebook(path, *, seed=None, limits=None, exercise=None, isolation=Non
     return result
 
 
-KEEP_CELL_MAGICS = ("time", "timeit", "capture", "prun")  # cell magics whose body is Python: it runs
-# IPython's transformer re-reads a cell once per magic it rewrites: past these sizes a cell is
-# converted line by line instead, so no submission can hold the grader's own process for long.
-IPYTHON_MAX_CHARS, IPYTHON_MAX_MAGICS, IPYTHON_SECONDS = 32_768, 20, 3.0
-# IPython syntax somewhere (a magic, a shell command, help), or a cell indented as a whole,
-# which IPython dedents; any other cell is plain Python already and is left as it is.
-_MAYBE_IPYTHON = re.compile(r"^[ \t]*[%!]|\?[ \t]*$|=[ \t]*[%!]|\A[ \t]", re.M)
-_BLANK_LINES = re.compile(r"^(?:[ \t\f\v]*\n)*")
-
-
-def to_python(source, deadline=None):
-    """A cell in IPython's syntax as plain Python, line for line; ``None`` for a cell that is
-    not Python (``%%bash``, ``%%writefile`` and other cell magics), which grading skips.
-
-    IPython's own ``TransformerManager`` converts line magics, shell commands and help
-    (``%matplotlib inline``, ``!pip install``, ``x = !ls``, ``f?``) into calls of
-    ``get_ipython()``, which in the child do nothing (:class:`mhalib.grade.worker.NoShell`);
-    it reads Python's tokens, so a line that starts with ``%`` inside a string or a
-    bracket is left alone. The body of ``%%time``, ``%%timeit``, ``%%capture`` and ``%%prun``
-    runs as the cell, its lines numbered as in the notebook. Without IPython installed, and
-    for a cell of more than ``IPYTHON_MAX_CHARS`` characters or ``IPYTHON_MAX_MAGICS`` magics,
-    a line-by-line approximation does the same for the common cases; so it does for every
-    cell once ``time.monotonic()`` passes ``deadline`` (the grader gives a notebook a few
-    seconds of IPython).
-    """
-    source = source.replace("\r\n", "\n").replace("\r", "\n")
-    skipped = _BLANK_LINES.match(source).group()  # blank lines first: kept, so the numbering holds
-    first, _, rest = source[len(skipped):].partition("\n")
-    if first.lstrip().startswith("%%"):
-        name = first.lstrip()[2:].split(maxsplit=1)
-        if not name or name[0] not in KEEP_CELL_MAGICS:
-            return None
-        source = f"{skipped}# {first.strip()}\n{rest}"  # a comment now: the body keeps its line numbers
-    if not _MAYBE_IPYTHON.search(source):
-        return source
-    if (len(source) > IPYTHON_MAX_CHARS or (deadline is not None and time.monotonic() > deadline)
-            or len(re.findall(r"^[ \t]*[%!]|=[ \t]*[%!]", source, re.M)) > IPYTHON_MAX_MAGICS):
-        return _approximate_python(source)
-    try:
-        from IPython.core.inputtransformer2 import TransformerManager
-    except ImportError:
-        return _approximate_python(source)
-    try:
-        python = TransformerManager().transform_cell(source).rstrip("\n")
-    except Exception:  # noqa: BLE001 - what IPython cannot read, Python will report as a syntax error
-        return source
-    lost = skipped.count("\n") - (len(python) - len(python.lstrip("\n")))  # IPython drops leading blank lines
-    return "\n" * max(lost, 0) + python  # put back: every line keeps its number
-
-
-def _approximate_python(source):
-    """Magics and shell commands as ``pass`` (``x = !ls`` as ``x = None``), line by line."""
-    return "\n".join(re.sub(r"^(\s*)[%!].*", r"\1pass", re.sub(r"^(\s*[\w.]+\s*=)\s*[%!].*", r"\1 None", line))
-                     for line in source.split("\n"))
-
-
-def syntax_errors(cells):
-    """``[(index, line, message)]`` of the cells Python cannot parse, found without running
-    anything (only compiled, in this process); ``cells`` are plain Python (:func:`to_python`)."""
-    found = []
-    for index, source in cells:
-        try:
-            compile(source, f"<cell {index}>", "exec", dont_inherit=True)
-        except SyntaxError as exc:  # IndentationError and TabError included
-            found.append((index, exc.lineno, f"{type(exc).__name__}: {clean(exc.msg, 150)}"))
-        except (ValueError, RecursionError, MemoryError, OverflowError) as exc:  # e.g. a NUL byte, deep nesting
-            found.append((index, None, f"{type(exc).__name__}: {clean(exc, 150)}"))
-    return found
-
-
 def _grade(result, path, limits, exercise, isolation, slot):
     """Fill ``result``; returns the exercise once known (else ``None``)."""
     result.isolation = isolation.describe(isolation.uid(slot), limits)
@@ -540,59 +433,70 @@ def _grade(result, path, limits, exercise, isolation, slot):
         return None
     except NotebookError as exc:
         data, problem = None, str(exc)
-    try:
-        nb = load_notebook(path, data) if data is not None else None
-    except NotebookError as exc:
-        nb, problem = None, str(exc)
-    ex = registry.get(exercise) if exercise is not None else registry.recognise(nb and nb.get("metadata"), path)[0]
-    if ex is None:
-        result.notes.append(f"unknown exercise {clean(exercise, 60)!r}" if exercise is not None else
-                            f"could not grade: {problem}" if problem else "could not tell which exercise this is: "
-                            "the notebook metadata has no mhalib.exercise and the file name does not start with its number")
+    fixed = registry.get(exercise) if exercise is not None else None
+    if exercise is not None and fixed is None:
+        result.notes.append(f"unknown exercise {clean(exercise, 60)!r}")
         return None
-    result.exercise = ex.key
-    if not isolation.ok:
-        result.refused = True
+    if not isolation.ok:  # no child to read the notebook: the exercise from the command line or the name
+        ex = fixed or registry.recognise(None, path)[0]
+        result.exercise, result.refused = ex.key if ex else None, True
         result.notes.append(f"not graded: the grader refuses to run student code without isolation "
                             f"({isolation.problem})")
         return ex
-    if nb is None:
-        result.unreadable = problem
-        result.checks = [CheckResult(g.name, 0.0, float(g.points), f"not a readable notebook: {problem}")
-                         for g in ex.graded]
-        return ex
-    deadline = time.monotonic() + IPYTHON_SECONDS
-    cells = [(index, python) for index, python in ((i, to_python(s, deadline)) for i, s in code_cells(nb))
-             if python is not None]
-    broken = syntax_errors(cells)
-    labels = code_cell_labels(nb)
-    result.syntax_errors = [labels[index] + (f", line {line}" if line else "") + f": {message}"
+    sandbox = Sandbox(isolation, limits=limits, slot=slot)
+    try:
+        reading = sandbox.read(data) if data is not None else None
+        hint = {"mhalib": {"exercise": reading.exercise}} if reading is not None and reading.exercise else None
+        ex = fixed or registry.recognise(hint, path)[0]
+        problem = problem or (reading.problem or reading.failure if reading is not None else "")
+        if ex is None:
+            result.notes.append(f"could not grade: {problem}" if problem else "could not tell which exercise this "
+                                "is: the notebook metadata has no mhalib.exercise and the file name does not start "
+                                "with its number")
+            return None
+        result.exercise = ex.key
+        if problem:  # not a notebook (it scores 0), or the child could not read it (each check says why)
+            if reading is None or reading.problem:
+                result.unreadable = problem
+                why = f"not a readable notebook: {problem}"
+            else:
+                why = f"not run: {problem}"
+                result.notes.append(problem)
+            result.checks = [CheckResult(g.name, 0.0, float(g.points), why) for g in ex.graded]
+            return ex
+        _run(result, ex, sandbox, reading)
+    finally:
+        sandbox.close()
+    return ex
+
+
+def _run(result, ex, sandbox, reading):
+    """Run the cells ``reading`` gives in the ``sandbox``'s child and grade every function of ``ex``."""
+    labels, broken = reading.labels, reading.syntax
+    result.syntax_errors = [labels.get(index, f"cell {index}") + (f", line {line}" if line else "") + f": {message}"
                             for index, line, message in broken]
     variant = fix_draws(result, ex)  # fixed for the student by the instructor's secret, or fresh; the variant
     rng = np.random.default_rng(result.seed)
-    sandbox = Sandbox(isolation, cells, preload=ex.preload, forbidden=[g.forbidden for g in ex.graded],
-                      limits=limits, slot=slot)
-    try:
-        with ThreadPoolExecutor(max_workers=1) as pool:  # references are computed while the child starts
-            prepared = pool.submit(prepare_cases, ex, rng, variant)
-            sandbox.start()
-            prepared = prepared.result()
-        for graded in ex.graded:
-            try:
-                check = grade_function(sandbox, graded, prepared[graded.name], labels)
-            except Exception as exc:  # noqa: BLE001 - a grader bug must still give a result
-                check = CheckResult(graded.name, 0.0, float(graded.points),
-                                    f"internal grader error ({type(exc).__name__}: {clean(exc)}); tell your instructor")
-            if broken and check.score < check.max_score and "was found" in check.output:
-                index, line, message = broken[0]
-                check.output = "\n".join([f"{graded.lookup} was not defined: {labels[index]}"
-                                           + (f", line {line}" if line else "") + f" has a syntax error ({message}), "
-                                           "so that cell did not run"]
-                                          + [x for x in check.output.splitlines() if "was found" not in x])
-            result.checks.append(check)
-    finally:
-        sandbox.close()
-    result.notes[:0] = [clean(relocate(n, labels), 400) for n in sandbox.notes[:5]]
+    sandbox.prepare(reading.cells, ex.preload, [g.forbidden for g in ex.graded])
+    with ThreadPoolExecutor(max_workers=1) as pool:  # references are computed while the child sets up
+        prepared = pool.submit(prepare_cases, ex, rng, variant)
+        sandbox.start()
+        prepared = prepared.result()
+    for graded in ex.graded:
+        try:
+            check = grade_function(sandbox, graded, prepared[graded.name], labels)
+        except Exception as exc:  # noqa: BLE001 - a grader bug must still give a result
+            check = CheckResult(graded.name, 0.0, float(graded.points),
+                                f"internal grader error ({type(exc).__name__}: {clean(exc)}); tell your instructor")
+        if broken and check.score < check.max_score and "was found" in check.output:
+            index, line, message = broken[0]
+            check.output = "\n".join([f"{graded.lookup} was not defined: {labels.get(index, f'cell {index}')}"
+                                       + (f", line {line}" if line else "") + f" has a syntax error ({message}), "
+                                       "so that cell did not run"]
+                                      + [x for x in check.output.splitlines() if "was found" not in x])
+        result.checks.append(check)
+    sandbox.close()
+    result.notes[:0] = [clean(relocate(n, labels), 400) for n in (reading.notes + sandbox.notes)[:5]]
     errors = [clean(relocate(e, labels), 260) for i, e in sandbox.cell_errors.items()
               if i not in {b[0] for b in broken}]
     if errors and any(c.status == "failed" for c in result.checks):
@@ -601,4 +505,3 @@ def _grade(result, path, limits, exercise, isolation, slot):
     if sandbox.printed:
         result.notes.append(f"the submission printed {sandbox.printed:,} characters while grading "
                             "(printed output is discarded)")
-    return ex

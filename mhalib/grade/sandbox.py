@@ -8,20 +8,19 @@ that it cannot read the course); it never changes during a run:
   site-packages (at ``/site/N``) read-only, nothing else of the machine (no checkout, no
   ``mhalib``, no results, no other submission); a private ``/tmp`` of ``Limits.file_mb``;
   an unprivileged user (as root, an unused uid per job, ``UID_BASE`` and up; otherwise
-  uid 65534 in a user namespace). It dies with the grader, however the grader ends:
-  bubblewrap's ``--die-with-parent`` and the child's own parent-death signal, and as
-  root, where a signal of bubblewrap's cannot reach a child of another uid, a guard
-  (:func:`guard_as_root`). A child stopped for a hang or a crash is killed itself, not
-  only bubblewrap. Its PID namespace, and all it started, end with it.
+  uid 65534 in a user namespace). Its PID namespace, and all it started, end with it.
 * **unprivileged user**: as root where bubblewrap cannot run, in a one-submission
   container only (``mhalib.grade.gradescope``): user ``nobody``, a private folder, every
   process of ``nobody`` killed afterwards; the course must be unreadable to ``nobody``.
 * **none**: only when asked (``--no-isolation``), for a learner's own work.
 
-Otherwise nothing is graded (fail closed). :class:`Sandbox` drives one submission's
-child: it runs the cells, asks for calls and restarts the child after a crash or a hang
-(skipping the cell that caused it). Every read and write has a deadline; every failure
-is an outcome with a reason.
+Otherwise nothing is graded (fail closed). In every mode a keeper of the grader's starts
+the child and ends it with all it started (:data:`KEEPER_SOURCE`), when the child ends,
+when the grader asks and when the grader ends, however (even SIGKILL); as root a guard
+(:func:`guard_as_root`) also ends every process of the grader's uids. :class:`Sandbox`
+drives one submission's child: it has it read the notebook, runs the cells, asks for
+calls and restarts the child after a crash or a hang (skipping the cell that caused it).
+Every read and write has a deadline; every failure is an outcome with a reason.
 """
 
 from __future__ import annotations
@@ -40,9 +39,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from mhalib.grade import adapters, cgroup, seccomp, wire, worker
 
-__all__ = ["Limits", "Isolation", "Sandbox", "CallOutcome", "decide"]
+__all__ = ["Limits", "Isolation", "Sandbox", "Reading", "CallOutcome", "decide"]
 
 NOBODY = 65534
 UID_BASE = 2_000_000_000  # as root under bubblewrap: UID_BASE + 100 * (grader pid % 10**6) + job
@@ -104,6 +105,8 @@ class Isolation:
         if self.kind in ("bubblewrap", "unprivileged user"):
             problem = cgroup.support()
             caps = (f"{limits.memory_mb} MiB and {limits.nproc} processes for the whole submission (cgroup)"
+                    + ("; an equal share of the CPU per submission (cgroup cpu weight)" if cgroup.shares_cpu() else
+                       "; no CPU share of its own (no cgroup cpu controller)")
                     if not problem else f"memory and processes limited per process only (no cgroup: {problem})")
             caps += "; system calls filtered (seccomp)" if seccomp.supported() else "; no system-call filter here"
         if self.kind == "bubblewrap":
@@ -184,6 +187,118 @@ class Isolation:
         # (tokens, paths) is in any process of the sandbox, not even in /proc/N/environ.
         return (argv + ["--chdir", "/tmp", "--"] + python + [json.dumps(config)],
                 dict(cwd="/", env={"PATH": "/usr/bin:/bin"}))
+
+
+# Each child's keeper: a child subreaper, so whatever the submission starts (double-forked,
+# in its own session, its parent-death signal cleared) stays its descendant. It kills them
+# all when the child ends, when the grader asks (a byte on its pipe) or goes (end of file:
+# the grader holds the only write end), then removes the control group if the grader has
+# gone, and exits as the child did.
+KEEPER_SOURCE = r"""import json, os, select, signal, sys, time
+watch, folders, argv = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3:]
+os.set_inheritable(watch, False)
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+except (ImportError, OSError, AttributeError):
+    pass
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_w, False)
+signal.signal(signal.SIGCHLD, lambda *args: None)
+signal.set_wakeup_fd(wake_w)
+for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+    signal.signal(number, signal.SIG_IGN)
+child = os.fork()
+if child == 0:
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD):
+        signal.signal(number, signal.SIG_DFL)
+    try:
+        os.execv(argv[0], argv)
+    finally:
+        os._exit(127)
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+status = []
+
+
+def reap():
+    while True:
+        try:
+            pid, code = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+        if pid == child:
+            status.append(code)
+
+
+def descendants():
+    found, todo = [], [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    kids = [int(p) for p in f.read().split()]
+                found += kids
+                todo += kids
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+said = None
+while not status:
+    reap()
+    if status:
+        break
+    ready = select.select([watch, wake_r], [], [], 1.0)[0]
+    if watch in ready:
+        said = os.read(watch, 1)  # b"k": the grader asks; b"": the grader has gone
+        break
+    if wake_r in ready:
+        os.read(wake_r, 4096)
+end = time.monotonic() + 10
+while time.monotonic() < end:
+    pids = descendants()
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    for folder in folders:
+        try:
+            with open(os.path.join(folder, "cgroup.kill"), "w") as f:
+                f.write("1")
+        except OSError:
+            pass
+    if not reap() and not pids:
+        break
+    time.sleep(0.005)
+if said == b"":
+    for _ in range(100):
+        for folder in list(folders):
+            try:
+                os.rmdir(folder)
+                folders.remove(folder)
+            except FileNotFoundError:
+                folders.remove(folder)
+            except OSError:
+                pass
+        if not folders:
+            break
+        time.sleep(0.02)
+code = status[0] if status else 9
+if os.WIFSIGNALED(code):
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(os.WTERMSIG(code), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(code))
+    os._exit(128 + os.WTERMSIG(code))
+os._exit(os.WEXITSTATUS(code) if os.WIFEXITED(code) else 1)
+"""
 
 
 # As root, the child's own parent-death signal never reaches it: bubblewrap, which would
@@ -324,42 +439,72 @@ def kill_all_of(uid):
         pass
 
 
+@dataclass
+class Reading:
+    """What the child read of a notebook (:meth:`Sandbox.read`): why it is not one
+    (``problem``), or why it could not be read (``failure``), or what
+    :func:`mhalib.grade.worker.read_notebook` gives."""
+
+    problem: str = ""
+    failure: str = ""
+    exercise: str | None = None
+    cells: list = field(default_factory=list)
+    labels: dict = field(default_factory=dict)
+    syntax: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+
 class Sandbox:
-    """One submission's child: ``cells`` are ``[(index, source)]``, ``preload`` the modules
-    imported first (``("torch",)``), ``forbidden`` each graded function's forbidden rules,
-    ``slot`` the grading job (its own uid under bubblewrap as root)."""
+    """One submission's child: ``cells`` are ``[(index, source)]`` (plain Python, from
+    :meth:`read`), ``preload`` the modules imported first (``("torch",)``), ``forbidden``
+    each graded function's forbidden rules (both also later, by :meth:`prepare`), ``slot``
+    the grading job (its own uid under bubblewrap as root)."""
 
     MAX_STARTS = 12
 
-    def __init__(self, isolation, cells, *, preload=(), forbidden=(), limits=None, slot=0):
-        self.isolation, self.cells, self.limits, self.slot = isolation, list(cells), limits or Limits(), slot
-        self.config = {"preload": list(preload), "forbidden": [list(f) for f in forbidden]}
-        self.proc = self.workdir = self.uid = self._budget_end = None
+    def __init__(self, isolation, cells=(), *, preload=(), forbidden=(), limits=None, slot=0):
+        self.isolation, self.limits, self.slot = isolation, limits or Limits(), slot
+        self.prepare(cells, preload, forbidden)
+        self.proc = self.workdir = self.uid = self._budget_end = self._watch = None
         self.cgroup, self._oom_kills = None, 0  # the submission's control group: None before, False where none
         self.skip, self.cell_errors, self.notes = set(), {}, []
-        self.starts, self.printed, self.failure = 0, 0, ""
-        self.deadline = None  # the whole submission's wall clock (Limits.submission_s), from start()
+        self.starts, self.printed, self.failure, self._set_up = 0, 0, "", False
+        self.deadline = None  # the whole submission's wall clock (Limits.submission_s), from its first start
+
+    def prepare(self, cells, preload=(), forbidden=()):
+        """The cells to run and the exercise's set-up, once :meth:`read` has given them."""
+        self.cells = list(cells)
+        self.setup = {"op": "setup", "preload": list(preload), "forbidden": [list(f) for f in forbidden]}
 
     def _left(self, timeout):
         """``timeout``, cut to what is left of the submission's wall clock."""
         return timeout if self.deadline is None else max(0.0, min(timeout, self.deadline - time.monotonic()))
+
+    def _clock(self):
+        """The submission's wall clock starts with its first child."""
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.limits.submission_s
 
     @property
     def out_of_time(self):
         """Whether the submission's wall-clock time is used up."""
         return self.deadline is not None and time.monotonic() >= self.deadline
 
+    def _used_up(self):
+        return f"the submission used up its {self.limits.submission_s:g} s of wall-clock time"
+
     def spawn(self):
         """Start the child: ``""`` when it is ready as it should be, else the reason (killed)."""
         self.kill()
         self.starts += 1
+        self._set_up = False
         self.workdir = self.workdir or tempfile.mkdtemp(prefix="mhalib-grade-")
         uid = self.isolation.uid(self.slot)
         if self.isolation.kind == "unprivileged user":
             os.chown(self.workdir, uid, uid)
         if self.isolation.as_root:
             guard_as_root()
-        argv, extra = self.isolation.command(dict(self.config), self.limits, self.slot, self.workdir)
+        argv, extra = self.isolation.command({}, self.limits, self.slot, self.workdir)
         if self.cgroup is None and self.isolation.kind in ("bubblewrap", "unprivileged user"):
             self.cgroup = False  # where the grader has none at all (the report says so)
             if not cgroup.support():
@@ -371,25 +516,30 @@ class Sandbox:
                     return self.failure
         if self.cgroup:
             argv, self._oom_kills = self.cgroup.wrap(argv), self.cgroup.oom_kills()
+        cut = self._left(self.limits.start_timeout_s)
+        watch, self._watch = os.pipe()  # the keeper's: its only write end stays here
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         start_new_session=True, **extra)
+            keeper = [sys.executable, "-I", "-S", "-c", KEEPER_SOURCE, str(watch),
+                      json.dumps(list(self.cgroup.folders) if self.cgroup else [])]
+            self.proc = subprocess.Popen(keeper + argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True, pass_fds=(watch,), **extra)
             os.set_blocking(self.proc.stdin.fileno(), False)
-            head, _ = worker.recv(self.proc.stdout.fileno(), time.monotonic() + self._left(self.limits.start_timeout_s))
+            head, _ = worker.recv(self.proc.stdout.fileno(), time.monotonic() + cut)
         except (OSError, subprocess.SubprocessError, worker.ProtocolError) as exc:
             said, proc = "", self.proc
             if proc is not None:
+                self._end_keeper()  # the keeper ends the child and all it started, then itself
                 try:
-                    proc.kill()
-                    said = proc.communicate(timeout=5)[1].decode(errors="replace").strip()
+                    said = proc.communicate(timeout=10)[1].decode(errors="replace").strip()
                 except (OSError, ValueError, subprocess.SubprocessError):
                     pass
             self.failure = ("the child could not drop its privileges" if proc and proc.returncode == worker.DENIED_EXIT
                             else "the child could not install its system-call filter (seccomp)"
                             if proc and proc.returncode == worker.FILTER_EXIT
-                            else f"the child did not start within {self._left(self.limits.start_timeout_s) or self.limits.start_timeout_s:g} s"
-                            if isinstance(exc, worker.Timeout) else
-                            (said.splitlines()[-1] if said else f"{type(exc).__name__}: {exc}")[:300])
+                            else f"the child did not start within {self.limits.start_timeout_s:g} s"
+                            if isinstance(exc, worker.Timeout) and cut >= self.limits.start_timeout_s
+                            else f"the child did not start: {self._used_up()}" if isinstance(exc, worker.Timeout)
+                            else (said.splitlines()[-1] if said else f"{type(exc).__name__}: {exc}")[:300])
         else:
             expected = uid if uid is not None else os.getuid()
             self.failure = ("" if head.get("op") == "ready" and head.get("uid") == head.get("euid") == expected else
@@ -399,20 +549,77 @@ class Sandbox:
                 # the worker's import guard still gives graded code no mhalib
                 self.failure = f"the child can read {', '.join(map(str, head['sees']))}"
             self.uid = expected
+        finally:
+            os.close(watch)
         if self.failure:
             self.kill()
         return self.failure
 
+    def read(self, data):
+        """A new child reads the notebook ``data`` (its bytes), under its limits and the
+        submission's clock; returns a :class:`Reading` (never raises). The child stays, for
+        :meth:`start`."""
+        self._clock()
+        problem = self.spawn()
+        if problem:
+            self.starts = self.MAX_STARTS
+            return Reading(failure=f"the grading process could not start: {problem}")
+        bytes_ = np.frombuffer(data, dtype=np.uint8)
+        reply = self._request({"op": "read", "seconds": worker.IPYTHON_SECONDS}, [bytes_],
+                              self.limits.start_timeout_s)
+        if reply is None:
+            return Reading(failure=f"the notebook could not be read: the grading process {self.failure}")
+        head, arrays = reply
+        try:
+            if head.get("problem"):
+                return Reading(problem=str(head["problem"]))
+            text = arrays[0].tobytes() if len(arrays) == 1 and arrays[0].dtype == np.uint8 else b""
+            cells, at = [], 0
+            for index, size in head.get("cells", []):
+                if type(index) is not int or type(size) is not int or not 0 <= size <= len(text) - at:
+                    raise ValueError("a cell outside the text")
+                cells.append((index, text[at:at + size].decode("utf-8", "surrogatepass")))
+                at += size
+            labels = {int(k): worker.clean(v, 120) for k, v in dict(head.get("labels", {})).items()}
+            syntax = [(int(i), line if type(line) is int else None, worker.clean(m, 250))
+                      for i, line, m in head.get("syntax", [])]
+            exercise = head.get("exercise")
+            return Reading(exercise=worker.clean(exercise, 200) if isinstance(exercise, str) else None,
+                           cells=cells, labels=labels, syntax=syntax,
+                           notes=[worker.clean(n, 300) for n in head.get("notes", [])[:20]])
+        except (TypeError, ValueError, AttributeError, UnicodeDecodeError) as exc:
+            self.kill()
+            return Reading(failure=f"the notebook could not be read: the grading process sent back something "
+                           f"the grader cannot read ({str(exc)[:100]})")
+
+    def _setup(self):
+        """Set the child up for the exercise (forbidden calls, torch): ``""`` or why not."""
+        cut = self._left(self.limits.start_timeout_s)
+        reply = self._request(self.setup, (), self.limits.start_timeout_s)
+        if reply is None and self.failure.startswith("did not finish"):  # a deadline: the step's, or the clock's
+            failure = (f"the child did not start within {self.limits.start_timeout_s:g} s"
+                       if cut >= self.limits.start_timeout_s else f"the child did not start: {self._used_up()}")
+        elif reply is None:
+            failure = f"the child {self.failure}"
+        else:
+            failure = f"the child could not be set up ({worker.clean(reply[0]['error'], 200)})" \
+                if reply[0].get("error") else ""
+        self._set_up = not failure
+        if failure:
+            self.failure = failure
+            self.kill()
+        return failure
+
     def start(self):
         """(Re)start the child and run the cells; a cell that hangs or kills it is skipped."""
-        if self.deadline is None:
-            self.deadline = time.monotonic() + self.limits.submission_s
-        while self.starts < self.MAX_STARTS:
+        self._clock()
+        while self.starts < self.MAX_STARTS or (self.alive and not self._set_up):
             if self.out_of_time:
-                self.failure = f"the submission used up its {self.limits.submission_s:g} s of wall-clock time"
+                self.failure = self._used_up()
                 self.starts = self.MAX_STARTS
+                self.kill()
                 return self
-            problem = self.spawn()
+            problem = ("" if self.alive else self.spawn()) or self._setup()
             if problem:  # not the submission's doing (no learner code ran): never tried again
                 self.notes.append(f"the grading process could not start: {problem}")
                 self.starts, self.failure = self.MAX_STARTS, f"the grading process could not start ({problem})"
@@ -440,31 +647,42 @@ class Sandbox:
 
     @property
     def alive(self):
-        """Whether the child is running."""
+        """Whether the child (its keeper) is running."""
         return self.proc is not None and self.proc.poll() is None
 
+    def _end_keeper(self):
+        """Ask the keeper to end the child and all it started (closing the only write end of its pipe)."""
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            try:
+                os.write(watch, b"k")
+            except OSError:
+                pass
+            os.close(watch)
+
     def kill(self):
-        """Kill the child and everything it started (its group and its cgroup); nothing without a child."""
+        """Kill the child and everything it started (its keeper does: the whole tree and the
+        cgroup); nothing without a child."""
         proc, self.proc = self.proc, None
+        self._end_keeper()
         if proc is None:
             return
-        if self.isolation.kind == "bubblewrap":
-            # The first process in bubblewrap's namespace (the child itself with --as-pid-1) is
-            # in a session of its own: killed here, before bubblewrap, whose death would make it
-            # a child of no one. Its PID namespace, and all it started, end with it.
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a keeper that does not end: its tree, its session, itself
             for pid in children_of(proc.pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: bubblewrap, or the child and its group
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             stream.close()
         if self.cgroup:  # whatever of the submission is left, wherever it went
@@ -505,8 +723,7 @@ class Sandbox:
             return reply
         except worker.Timeout:
             self.failure = (f"did not finish within {timeout:g} s" if cut >= timeout else
-                            f"did not finish: the submission used up its {self.limits.submission_s:g} s of "
-                            "wall-clock time")
+                            f"did not finish: {self._used_up()}")
         except worker.Closed:
             self.failure = self._death()
         except Exception as exc:  # noqa: BLE001 - a forged or overflowing reply: the child's fault, never ours
@@ -516,7 +733,7 @@ class Sandbox:
 
     def _death(self):
         try:
-            code = self.proc.wait(timeout=1)
+            code = self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             return "closed its connection to the grader"
         code = 128 - code if self.isolation.kind == "bubblewrap" and code > 128 else code  # signal N: 128 + N

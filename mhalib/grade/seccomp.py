@@ -7,8 +7,13 @@ use for and an attack does: the kernel keyrings (which outlive the process and a
 by a uid), tracing and reading other processes, eBPF, userfaultfd, performance counters,
 io_uring, namespaces (``unshare``, ``setns``, and ``clone`` with a namespace flag), mounts,
 kernel modules and the like. ``clone3`` answers ``ENOSYS``, so that the C library falls
-back to ``clone``, whose flags a filter can read. A call of another architecture (32-bit
-calls on x86-64) ends the process.
+back to ``clone``, whose flags a filter can read. ``socket`` and ``socketpair`` answer
+``EAFNOSUPPORT`` (as the kernel does for a family it does not have) for every family but
+``AF_UNIX``: the child talks to the grader over pipes and needs no network, and families
+such as ``AF_VSOCK`` (a virtual machine's host), ``AF_NETLINK`` (the kernel's own
+interfaces), ``AF_PACKET``, ``AF_ALG`` and ``AF_INET`` (the container's network where
+there is no network namespace) reach outside the sandbox. A call of another
+architecture (32-bit calls on x86-64) ends the process.
 
 The program is classic BPF over ``struct seccomp_data`` (the call's number at byte 0, the
 architecture at byte 4, its arguments from byte 16), as the kernel's
@@ -44,6 +49,8 @@ DENIED = {
     "iopl": (172, None), "ioperm": (173, None),
 }
 CLONE, CLONE3 = {"x86_64": 56, "aarch64": 220}, 435
+SOCKET_CALLS = {"x86_64": (41, 53), "aarch64": (198, 199)}  # socket, socketpair: the family is the first argument
+AF_UNIX = 1  # the one socket family allowed
 # CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
 CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
@@ -83,9 +90,13 @@ def program(machine=None):
     if machine == "x86_64":
         body.append((JGE, "deny", None, X32_BIT))
     body += [(JEQ, "deny", None, n) for n in numbers]
+    body += [(JEQ, "socket", None, n) for n in SOCKET_CALLS[machine]]
     body += [(JEQ, "enosys", None, CLONE3), (JEQ, "clone", None, CLONE[machine]), (RET, 0, 0, ALLOW)]
     tail = {"clone": [(LD_W_ABS, 0, 0, 16),  # clone's flags: the low half of its first argument
                       (JSET, "deny", None, CLONE_NAMESPACES), (RET, 0, 0, ALLOW)],
+            "socket": [(LD_W_ABS, 0, 0, 16),  # the family: the low half of the first argument (an int)
+                       (JEQ, "allow", None, AF_UNIX), (RET, 0, 0, ERRNO | errno.EAFNOSUPPORT)],
+            "allow": [(RET, 0, 0, ALLOW)],
             "deny": [(RET, 0, 0, ERRNO | errno.EPERM)],
             "enosys": [(RET, 0, 0, ERRNO | errno.ENOSYS)]}
     start = len(code) + len(body)
@@ -93,7 +104,7 @@ def program(machine=None):
     for name, block in tail.items():
         labels[name] = start
         start += len(block)
-    out = code + body + tail["clone"] + tail["deny"] + tail["enosys"]
+    out = code + body + [instruction for block in tail.values() for instruction in block]
     resolved = []
     for i, (op, jt, jf, k) in enumerate(out):
         if isinstance(jt, str):
