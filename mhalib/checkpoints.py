@@ -4,8 +4,9 @@ A model is saved as two files side by side: ``PATH.pt``, its state dict (tensors
 ``torch.load(..., weights_only=True)`` reads it), and ``PATH.json``, its
 :class:`~mhalib.decoder.DecoderConfig` under ``"config"`` with whatever facts were saved
 with it (seed, recipe, measured numbers). The shipped models live in ``mhalib/data``:
-``induction_2layer`` (notebook 04's copy-task model), ``language_model`` and
-``language_model_seed1`` .. ``_seed4`` (notebook 05's five seeds).
+``induction_2layer`` (notebook 04's copy-task model) and ``induction_2layer_seed1`` .. ``_seed9``
+(its recipe's other seeds), ``language_model`` and ``language_model_seed1`` .. ``_seed9``
+(notebook 05's ten seeds).
 """
 
 from __future__ import annotations

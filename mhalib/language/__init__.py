@@ -7,7 +7,7 @@ Modules, one concept each:
   several sentences per sequence; :func:`sample_sequences`, :func:`encode`, :func:`decode`.
 * :mod:`mhalib.language.model`: :func:`language_config`, the course's
   :class:`~mhalib.decoder.Decoder` as a small pre-LayerNorm GPT-2, and
-  :func:`load_language_model` (the shipped weights of five seeds).
+  :func:`load_language_model` (the shipped weights of ten seeds).
 * :mod:`mhalib.language.training`: :func:`train_language`, :func:`lm_loss`,
   :func:`loss_by_role`.
 * :mod:`mhalib.language.probes`: :func:`make_probe_set` ("agreement", "coreference"),
@@ -18,6 +18,8 @@ Modules, one concept each:
   a score suggests: :func:`number_patching` (does a head carry the subject's number?),
   :func:`path_patching` (does an earlier head act by changing where a later head looks?),
   :func:`mean_ablation`.
+* :mod:`mhalib.language.claims`: notebook 05's claims as tests of one seed, each with its
+  null, counted over the ten seeds under zero, mean and resample ablation.
 
 ``python -m mhalib.language train`` trains the shipped model again from its seed;
 ``python -m mhalib.language --help`` lists the other runs (the H sweep, seeds, dropout).

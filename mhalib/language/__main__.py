@@ -3,19 +3,24 @@
 Usage (from the repository root; each model trains in about 2 minutes on one CPU thread)::
 
     python -m mhalib.language train    # seed 0 of the recipe -> mhalib/data/language_model.pt/.json
-    python -m mhalib.language seeds    # seeds 1-4 of the recipe -> mhalib/data/language_model_seed{1..4}.pt/.json
+    python -m mhalib.language seeds    # seeds 1-9 of the recipe -> mhalib/data/language_model_seed{1..9}.pt/.json
+    python -m mhalib.language seeds --seeds 5 6   # only these seeds (start two commands to use two cores)
     python -m mhalib.language heads    # H = 1, 2, 8, 16, seeds 0-2 -> mhalib/data/language_heads.json
     python -m mhalib.language variants # dropout 0.1, seeds 0-4 -> mhalib/data/language_variants.json
     python -m mhalib.language measure  # measure the shipped models again (no training)
+    python -m mhalib.language claims   # notebook 05's claims on the ten seeds and ten untrained models
+                                       #   -> mhalib/data/language_claims.json (no training)
     python -m mhalib.language check    # train seed 0 again and compare with the shipped numbers
-    python -m mhalib.language all      # train, seeds, heads, variants
+    python -m mhalib.language all      # train, seeds, heads, variants, claims
 
 The rule, fixed before any of these models was trained: every model follows :data:`RECIPE`
 (2 layers, d_model 64, 4 heads, no dropout, 3,000 steps of 32 sequences) with one thing
-changed; seeds 0-4 of the recipe all ship, and a claim about the trained model is
-counted over those five (seed 0 is the one the notebook shows first, whatever its
-ablations show). No seed was chosen by its result. The H sweep and the variants train
-seeds of their own recipes; their weights go to ``artifacts/language_runs/`` (not
+changed; seeds 0-9 of the recipe all ship, and a claim about the trained model is
+counted over those ten (seed 0 is the one the notebook shows first, whatever its
+ablations show). Seeds 0-4 were trained first and the notebook's claims written on them;
+seeds 5-9 were trained afterwards, by the same command, to test those claims on seeds
+nobody had looked at. No seed was chosen by its result. The H sweep and the variants
+train seeds of their own recipes; their weights go to ``artifacts/language_runs/`` (not
 shipped), their measurements to ``mhalib/data``.
 
 Every model is measured the same way (:func:`measure`): the loss on 256 fresh sequences
@@ -51,6 +56,8 @@ RECIPE = {"seed": 0, "steps": 3000, "batch_size": 32, "lr": 3e-3, "warmup": 100,
 EVAL = {"seed": 0, "n_sequences": 256, "n_probes": 1000, "n_extra": 400}
 #: Seeds of the recipe that ship (seed 0 is ``language_model``, the others ``language_model_seed{s}``).
 SEEDS = SHIPPED_SEEDS
+#: Seeds of the variants (dropout 0.1): the first five of the recipe's.
+VARIANT_SEEDS = (0, 1, 2, 3, 4)
 #: Seeds per H in the sweep of the number of heads.
 SWEEP_SEEDS = (0, 1, 2)
 RUNS_DIR = Path("artifacts") / "language_runs"  # weights of the sweeps (not shipped)
@@ -195,8 +202,9 @@ def _rounded(x):
     return x
 
 
-def _write(path, data):
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+def _write(path, data, compact=False):
+    text = json.dumps(data, sort_keys=True, **({"separators": (",", ":")} if compact else {"indent": 1}))
+    path.write_text(text + "\n")
     print(f"wrote {path}")
 
 
@@ -252,8 +260,12 @@ def cmd_train(args):
 
 
 def cmd_seeds(args):
-    """Retrain the other shipped seeds of the recipe."""
-    _run(_shipped_jobs([s for s in SEEDS if s != 0]))
+    """Retrain the other shipped seeds of the recipe (``--seeds``: only those)."""
+    seeds = args.seeds or [s for s in SEEDS if s != 0]
+    bad = [s for s in seeds if s not in SEEDS or s == 0]
+    if bad:
+        sys.exit(f"--seeds takes seeds of {SEEDS[1:]} (seed 0: the 'train' command); got {bad}")
+    _run(_shipped_jobs(seeds))
 
 
 def cmd_measure(args):
@@ -321,24 +333,63 @@ def cmd_variants(args):
     With ``--reuse``, the weights already saved are measured instead of trained again.
     """
     recipes = {f"{variant}, seed {s}": dict(RECIPE, seed=s, **change)
-               for variant, change in VARIANTS.items() for s in SEEDS}
+               for variant, change in VARIANTS.items() for s in VARIANT_SEEDS}
     results = _run(_sweep_jobs(recipes, args.reuse))
     out = {name: {"recipe": recipe, "measured": measured} for name, (recipe, measured) in results.items()}
-    _write(DATA_DIR / "language_variants.json", {"runs": out, "claim_rule": CLAIM, "seeds": list(SEEDS),
+    _write(DATA_DIR / "language_variants.json", {"runs": out, "claim_rule": CLAIM, "seeds": list(VARIANT_SEEDS),
                                                  "made_by": "python -m mhalib.language variants"})
+
+
+CLAIMS_JSON = "language_claims.json"
+
+
+def cmd_claims(args):
+    """Measure notebook 05's claims on every shipped seed and on untrained models; write ``language_claims.json``.
+
+    Each model is measured by :func:`mhalib.language.claims.measure_seed` (probe seed 1, the
+    notebook's; zero, mean and resample ablation); the untrained models are the recipe's
+    initial weights for the same seeds (the null of the claims about ablation drops). The
+    shallow baselines of every probe set are stored beside them. With ``--seeds``, only those
+    seeds are measured again and the others kept from the file.
+    """
+    from mhalib.language.claims import MEASURE, count_claims, measure_seed, probe_sets
+    from mhalib.language.probes import Bigram, NGram, shallow_baselines
+
+    torch.set_num_threads(1)
+    path = DATA_DIR / CLAIMS_JSON
+    old = json.loads(path.read_text()) if path.exists() and args.seeds else {"trained": {}, "untrained": {}}
+    for seed in args.seeds or SEEDS:
+        start = time.perf_counter()
+        old["trained"][str(seed)] = measure_seed(load_language_model(shipped_path(seed)))
+        old["untrained"][str(seed)] = measure_seed(new_language_model(seed, **_model_config(RECIPE)))
+        print(f"seed {seed}: measured trained and untrained in {time.perf_counter() - start:.0f} s", flush=True)
+    seeds = sorted(old["trained"], key=int)
+    sets = probe_sets()
+    bigram, ngram = Bigram(4096, seed=0), NGram(5, 4096, seed=0)
+    baselines = {name: {**shallow_baselines(p), "bigram": bigram.probe_accuracy(p), "5-gram": ngram.probe_accuracy(p)}
+                 for name, p in sets.items()}
+    counts = count_claims([old["trained"][s] for s in seeds], [old["untrained"][s] for s in seeds])
+    _write(path, _rounded({"measure": MEASURE, "seeds": [int(s) for s in seeds], "baselines": baselines,
+                           "counts": counts, "trained": {s: old["trained"][s] for s in seeds},
+                           "untrained": {s: old["untrained"][s] for s in seeds},
+                           "made_by": "python -m mhalib.language claims"}), compact=True)
+    for key, c in counts.items():
+        print(f"{key:28s} " + "; ".join(f"{how} {v['count']} of {len(seeds)} (null {v['expected']:.1f}, "
+                                         f"p {v['p_value']:.3f})" for how, v in c["by"].items()))
 
 
 def main(argv=None):
     """Run one command of ``python -m mhalib.language`` (``all``: train, seeds, heads and variants)."""
     parser = argparse.ArgumentParser(prog="python -m mhalib.language", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("train", "seeds", "heads", "variants", "measure", "check", "all"))
+    parser.add_argument("command", choices=("train", "seeds", "heads", "variants", "measure", "claims", "check", "all"))
+    parser.add_argument("--seeds", type=int, nargs="+", help="seeds, claims: only these seeds of the recipe")
     parser.add_argument("--reuse", action="store_true",
                         help="heads/variants: measure the weights already in artifacts/language_runs instead of "
                              "training them again")
     args = parser.parse_args(argv)
     commands = {"train": [cmd_train], "seeds": [cmd_seeds], "heads": [cmd_heads], "variants": [cmd_variants],
-                "measure": [cmd_measure], "check": [cmd_check],
-                "all": [cmd_train, cmd_seeds, cmd_heads, cmd_variants]}
+                "measure": [cmd_measure], "claims": [cmd_claims], "check": [cmd_check],
+                "all": [cmd_train, cmd_seeds, cmd_heads, cmd_variants, cmd_claims]}
     for command in commands[args.command]:
         command(args)
 

@@ -25,8 +25,10 @@ from mhalib.language.grammar import SEQ_LEN, VOCAB
 __all__ = ["language_config", "load_language_model", "SHIPPED", "SHIPPED_SEEDS", "shipped_path"]
 
 SHIPPED = "language_model"  # mhalib/data/language_model.pt and .json (seed 0)
-#: The seeds of the recipe that ship: ``language_model`` (seed 0), ``language_model_seed1`` ...
-SHIPPED_SEEDS = (0, 1, 2, 3, 4)
+#: The seeds of the recipe that ship: ``language_model`` (seed 0), ``language_model_seed1`` ... ``_seed9``.
+#: Seeds 0-4 were trained first, seeds 5-9 afterwards by the same command, to test on seeds
+#: nobody had looked at the claims notebook 05 wrote on the first five.
+SHIPPED_SEEDS = tuple(range(10))
 
 
 def shipped_path(seed=0):
