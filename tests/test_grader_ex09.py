@@ -5,12 +5,12 @@ as Hugging Face computes them, an error message in the learner's own words) keep
 
 from __future__ import annotations
 
-import nbformat
 import numpy as np
 import pytest
 
 from mhalib.grade.grader import grade_notebook
 from mhalib.grade.sandbox import Limits
+from notebook_files import one_cell_notebook
 
 KEY = "09_beyond_gqa"
 LIMITS = Limits(call_timeout_s=60, cell_timeout_s=120)
@@ -114,11 +114,7 @@ RIGHT = {
 
 
 def _notebook(path, source):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["mhalib"] = {"exercise": KEY}
-    nb.cells = [nbformat.v4.new_code_cell(source)]
-    nbformat.write(nb, path)
-    return path
+    return one_cell_notebook(path, KEY, source)
 
 
 def mutate(source, replacements):

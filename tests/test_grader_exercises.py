@@ -7,13 +7,13 @@ answer written in its own way, and zero to the stubs.
 
 from __future__ import annotations
 
-import nbformat
 import pytest
 
 from mhalib.grade import exercises as registry
 from mhalib.grade.grader import grade_notebook
 from mhalib.grade.sandbox import Limits
 from test_grader_ex09 import ANSWER as ANSWER_09  # exercise 09's answer and its mutation table live there
+from notebook_files import one_cell_notebook
 
 LIMITS = Limits(call_timeout_s=60, cell_timeout_s=120)
 
@@ -215,21 +215,13 @@ def mean_pool_kv(weight, num_heads, num_kv_heads):
 ANSWERS["09_beyond_gqa"] = ANSWER_09
 
 
-def _notebook(path, key, source):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["mhalib"] = {"exercise": key}
-    nb.cells = [nbformat.v4.new_code_cell(source)]
-    nbformat.write(nb, path)
-    return path
-
-
 def test_every_spec_has_an_independent_answer_here():
     assert set(ANSWERS) == set(registry.all_exercises())
 
 
 @pytest.mark.parametrize("key", sorted(ANSWERS))
 def test_independent_correct_answer_gets_full_marks(key, tmp_path):
-    result = grade_notebook(_notebook(tmp_path / f"{key}.ipynb", key, ANSWERS[key]), limits=LIMITS)
+    result = grade_notebook(one_cell_notebook(tmp_path / f"{key}.ipynb", key, ANSWERS[key]), limits=LIMITS)
     assert result.exercise == key
     assert result.score == result.max_score > 0, result.text()
 
@@ -245,7 +237,7 @@ def test_stubs_get_zero(key, tmp_path):
         for n in sorted(names))
     if key == "03_mha_in_pytorch":
         stubs = "from torch import nn\n" + stubs.replace("class MultiHeadAttention:", "class MultiHeadAttention(nn.Module):")
-    result = grade_notebook(_notebook(tmp_path / f"{key}.ipynb", key, stubs), limits=LIMITS)
+    result = grade_notebook(one_cell_notebook(tmp_path / f"{key}.ipynb", key, stubs), limits=LIMITS)
     assert result.score == 0, result.text()
     assert all("not written yet" in c.output for c in result.checks), result.text()
 

@@ -20,7 +20,6 @@ import shutil
 import zipfile
 from pathlib import Path
 
-import nbformat
 import numpy as np
 import pytest
 
@@ -30,18 +29,11 @@ from mhalib.grade import gradescope
 from mhalib.grade.grader import grade_notebook
 from mhalib.grade.sandbox import Limits
 from mhalib.grade.spec import Draws, student_seed, variant_of
+from notebook_files import one_cell_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = Limits(call_timeout_s=60, cell_timeout_s=120)
 SECRET = b"a course secret of more than sixteen bytes"
-
-
-def _notebook(path, key, source):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["mhalib"] = {"exercise": key}
-    nb.cells = [nbformat.v4.new_code_cell(source)]
-    nbformat.write(nb, path)
-    return path
 
 
 def _ids_by_variant(ex, wanted=None):
@@ -67,7 +59,7 @@ def test_fixed_draws_grade_a_resubmission_on_the_same_inputs_and_say_so(tmp_path
     """With the secret: the same inputs at every run (the same seed, the same failing cases);
     another student gets others. Without it: fresh inputs, and the report says they are not fixed."""
     key = "07_mqa_gqa"
-    path = _notebook(tmp_path / f"{key}.ipynb", key,
+    path = one_cell_notebook(tmp_path / f"{key}.ipynb", key,
                      "import numpy as np\n\n"
                      "def grouped_query_attention(x, w_q, w_k, w_v, w_o, num_heads, num_kv_heads, mask=None):\n"
                      "    raise ValueError(f'{x.shape}')\n"
@@ -371,7 +363,7 @@ def test_the_grader_grades_the_students_variant(number, tmp_path):
     source = ("import numpy as np\n\n" + rest + "\n" + "\n".join(inspect.getsource(f) for f in helpers) + "\n"
               + build.format(layout=layout))
     draws = Draws(sid, "roster", None, True)
-    mine = grade_notebook(_notebook(tmp_path / f"{ex.key}.ipynb", ex.key, source), student=draws, limits=LIMITS)
+    mine = grade_notebook(one_cell_notebook(tmp_path / f"{ex.key}.ipynb", ex.key, source), student=draws, limits=LIMITS)
     assert mine.score == mine.max_score and mine.variant == code, mine.text()
     assert f"graded as variant {code}" in mine.text()
     course = grade_notebook(ROOT / "solutions" / f"{ex.key}.ipynb", student=draws, limits=LIMITS)
