@@ -436,14 +436,17 @@ class NotebookPage:
 
     # ---- opening and running
 
-    def open(self, timeout: float = 120.0) -> "NotebookPage":
+    def open(self, timeout: float = 120.0, *, wait_for_kernel: bool = True) -> "NotebookPage":
+        """Open the notebook; ``wait_for_kernel=False`` returns once its cells are drawn
+        (for checks of the stored notebook, which need no kernel)."""
         url = f"{self.server.url}/lab/tree/{self.relpath}?token={self.server.token}&reset"
         self.page.goto(url, timeout=timeout * 1000, wait_until="domcontentloaded")
         self.page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout * 1000)
         self.page.wait_for_function("() => !!window.jupyterapp", timeout=timeout * 1000)
         # More room for the notebook in screenshots: fold the file browser away.
         self.page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
-        self.wait_kernel_idle(timeout)
+        if wait_for_kernel:
+            self.wait_kernel_idle(timeout)
         self.fail_on_dialog()
         return self
 

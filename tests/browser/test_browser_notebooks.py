@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from a11y import blocking, by_impact, describe, explorer_by_keyboard, run_axe
+from a11y import blocking, by_impact, describe, explorer_by_keyboard, lab_notebook_passes_axe, run_axe
 from lab_harness import NotebookPage, check_notebook, widget_notebooks
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -53,7 +53,8 @@ def test_widget_notebooks_are_found():
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_a_stored_notebook_reads_cleanly_before_it_runs(notebook, lab_page, lab_server, screenshots):
+def test_a_stored_notebook_reads_cleanly_before_it_runs(notebook, lab_page, lab_server, screenshots, axe,
+                                                        a11y_report):
     """Opened and not run. JupyterLab 4 with ipywidgets 8 does not draw widgets from the
     state saved in a notebook (jupyterlab/jupyterlab#15361; nbviewer and nbconvert's HTML
     do, see tests/test_stored_outputs.py), so each widget shows its plain-text form: for the
@@ -66,3 +67,5 @@ def test_a_stored_notebook_reads_cleanly_before_it_runs(notebook, lab_page, lab_
     assert not problems, "\n".join(problems)
     text = lab_page.inner_text(".jp-Notebook")
     assert "run the notebook to use the sliders]" in text, f"{notebook.name}: no explorer label shown"
+    # The same check as test_lab_a11y.py's for the other notebooks: axe-core on the notebook.
+    lab_notebook_passes_axe(nb, notebook, axe, a11y_report)

@@ -4,7 +4,7 @@ The check covers the notebook (``.jp-Notebook``: its cells, as JupyterLab draws 
 course's prose, code and stored outputs), not JupyterLab's menus and side panels. Four
 serious or critical findings come from JupyterLab's own markup and appear in every
 notebook whatever it holds; the course cannot change them, so they are listed in
-:data:`JUPYTERLAB_OWN` with the element each one is on, and any other serious or
+:data:`a11y.JUPYTERLAB_OWN` with the element each one is on, and any other serious or
 critical violation fails the test. Measured with JupyterLab 4.6.6 and axe-core 4.14.1:
 
 * ``image-alt``: JupyterLab's image renderer (``renderImage`` in @jupyterlab/rendermime)
@@ -22,73 +22,33 @@ critical violation fails the test. Measured with JupyterLab 4.6.6 and axe-core 4
 
 from __future__ import annotations
 
-import re
-import sys
-
 import pytest
 
-from a11y import blocking, by_impact, describe, run_axe
-from lab_harness import REPO, NotebookPage
-
-sys.path.insert(0, str(REPO / "tools"))
-import alt_text  # noqa: E402
+from a11y import lab_notebook_passes_axe, split_own
+from lab_harness import REPO, NotebookPage, widget_notebooks
 
 pytestmark = [pytest.mark.browser]
 
-NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"
-#: rule -> a pattern that the failing element's markup or selector matches when the
-#: finding is JupyterLab's own (see the module's docstring).
-JUPYTERLAB_OWN = {
-    "image-alt": re.compile(r"jp-RenderedImage|^<img src=\"data:image/png"),
-    "aria-input-field-name": re.compile(r"cm-content"),
-    "aria-required-children": re.compile(r"jp-WindowedPanel-viewport"),
-    "button-name": re.compile(r"jp-collapseHeadingButton"),
-}
-
-NOTEBOOKS = [pytest.param(p, id=p.stem) for p in sorted((REPO / "notebooks").glob("*.ipynb"))]
-
-
-def split_own(violations):
-    """(the course's violations, JupyterLab's own), each a list of axe violations."""
-    course, own = [], []
-    for v in violations:
-        pattern = JUPYTERLAB_OWN.get(v["id"])
-        mine = [n for n in v["nodes"] if not (pattern and (pattern.search(n["html"]) or pattern.search(n["target"])))]
-        theirs = [n for n in v["nodes"] if n not in mine]
-        if mine:
-            course.append({**v, "nodes": mine})
-        if theirs:
-            own.append({**v, "nodes": theirs})
-    return course, own
+# The notebooks with explorers are opened, stored, by test_browser_notebooks.py's
+# test_a_stored_notebook_reads_cleanly_before_it_runs, which runs the same check.
+NOTEBOOKS = [pytest.param(p, id=p.stem) for p in sorted((REPO / "notebooks").glob("*.ipynb"))
+             if p not in widget_notebooks()]
 
 
 def test_the_split_keeps_anything_jupyterlab_does_not_explain():
     found = [{"id": "image-alt", "impact": "critical", "help": "", "nodes": [
-                 {"target": ".jp-RenderedImage > img", "html": "<img src=\"data:image/png;base64,x\">", "summary": ""},
-                 {"target": ".jp-RenderedHTMLCommon > img", "html": "<img src=\"figure.svg\">", "summary": ""}]},
+                 {"target": "div.jp-RenderedImage > img", "html": "<img src=\"data:image/png;base64,x\">", "summary": ""},
+                 {"target": "div.jp-RenderedMarkdown > img", "html": "<img src=\"data:image/png;base64,x\">",
+                  "summary": ""}]},
              {"id": "color-contrast", "impact": "serious", "help": "", "nodes": [
                  {"target": ".jp-RenderedMarkdown p", "html": "<p>", "summary": ""}]}]
-    course, own = split_own(found)
-    assert [(v["id"], len(v["nodes"])) for v in course] == [("image-alt", 1), ("color-contrast", 1)]
+    course, own = split_own(found, lambda target, selector: selector in target)
+    assert [(v["id"], [n["target"] for n in v["nodes"]]) for v in course] == [
+        ("image-alt", ["div.jp-RenderedMarkdown > img"]), ("color-contrast", [".jp-RenderedMarkdown p"])]
     assert [(v["id"], len(v["nodes"])) for v in own] == [("image-alt", 1)]
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_notebook_opened_in_jupyterlab_passes_axe(notebook, lab_page, lab_server, axe, a11y_report):
-    import nbformat
-
-    nb = NotebookPage(lab_page, lab_server, f"notebooks/{notebook.name}").open()
-    nb.wait_widgets_rendered()
-    violations = run_axe(lab_page, axe, NOTEBOOK)
-    course, own = split_own(blocking(violations))
-    a11y_report.append((f"JupyterLab: notebooks/{notebook.name} (course)",
-                        by_impact(course + [v for v in violations if v["impact"] not in ("serious", "critical")])))
-    a11y_report.append((f"JupyterLab: notebooks/{notebook.name} (JupyterLab's own, listed)", by_impact(own)))
-    assert not course, f"{notebook.name} in JupyterLab:\n{describe(course)}"
-    # Every image JupyterLab draws without alt is a stored figure whose cell holds its text.
-    stored = nbformat.read(notebook, as_version=4)
-    drawn = sum(len(v["nodes"]) for v in own if v["id"] == "image-alt")
-    images = sum(1 for c in stored.cells if c.cell_type == "code" for o in c.get("outputs", [])
-                 if "image/png" in o.get("data", {}))
-    assert drawn == images, f"{notebook.name}: JupyterLab drew {drawn} images without alt; the file holds {images}"
-    assert not alt_text.missing(stored), f"{notebook.name}: figures without alternative text"
+    nb = NotebookPage(lab_page, lab_server, f"notebooks/{notebook.name}").open(wait_for_kernel=False)
+    lab_notebook_passes_axe(nb, notebook, axe, a11y_report)
