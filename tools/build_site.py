@@ -427,7 +427,8 @@ def _sections(body: str, page: Page) -> list:
             anchor = html.unescape(idm.group(1)) if idm else anchor
             heading = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", "", m.group(2)))).strip().rstrip("¶")
             continue
-        text = re.sub(r"<(script|style|math)[^>]*>.*?</\1>", " ", part, flags=re.S)
+        text = re.sub(r'<math [^>]*alttext="([^"]*)"[^>]*>.*?</math>', r" \1 ", part, flags=re.S)  # maths as TeX
+        text = re.sub(r"<(script|style)[^>]*>.*?</\1>", " ", text, flags=re.S)
         text = re.sub(r'<img [^>]*alt="([^"]*)"[^>]*>', r" \1 ", text)
         text = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", text))).strip()
         if text or heading:
