@@ -36,7 +36,6 @@ help:
 	@echo "make student-release  dist/mha-course-student.zip: the course without solutions/, to hand out"
 	@echo "make nbgrader   install nbgrader 0.9.6 beside the course ($(NBGRADER_VENV)/bin/nbgrader)"
 	@echo "make bench      run every benchmark and print the ratios"
-	@echo "make site       build the course site (static HTML) into build/site/; open build/site/index.html"
 	@echo "make autograder EXERCISE=NN  build the Gradescope zip for exercise NN (dist/)"
 
 # Small Python programs the recipes below run (exported, read as "$$NAME").
