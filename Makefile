@@ -144,13 +144,21 @@ test: $(STAMP)
 	$(call stage,browser,$(MAKE) --no-print-directory axe && $(PYTEST) tests/browser -p no:cacheprovider)
 	@echo "==> make test passed in $$(( $$(date +%s) - $$(cat $(VENV)/.test-start) )) s"
 
+# The unit tests alone, in the .venv that is there (never rebuilt): a minute or two.
+unit:
+	@test -x $(PY) || { echo "make unit: no $(VENV) yet; run make test (or make lab) once first" >&2; exit 2; }
+	$(UNIT) -m "not network and not under_load"
+
+notebooks: $(STAMP)
+	$(PY) tools/run_notebooks.py notebooks solutions
 # The course site: the notebooks with their stored outputs, the exercises and the guides
-# as static pages, searchable, nothing loaded from the network (tools/build_site.py).
+# as static pages, searchable, nothing loaded from the network (tools/build_site.py). This
+# and axe below share a paragraph with notebooks: the learners' copy (tools/student_release.py)
+# has no tools/ or tests/ and leaves the paragraph out as a whole.
 SITE_DIR ?= build/site
 .PHONY: site axe
 site: $(STAMP)
 	$(PY) tools/build_site.py --out $(SITE_DIR)
-
 # axe-core, the accessibility rules the browser stage checks the site and JupyterLab with: the
 # version pinned in tests/browser/package-lock.json, installed by npm into $(VENV)/axe (ignored
 # by git). Without npm the accessibility checks are skipped, saying so (and fail under CI).
@@ -165,14 +173,6 @@ $(AXE_JS): tests/browser/package.json tests/browser/package-lock.json
 	else \
 	  echo "==> npm not found: the browser stage's accessibility checks will be skipped (install Node.js and npm, e.g. sudo apt-get install npm)"; \
 	fi
-
-# The unit tests alone, in the .venv that is there (never rebuilt): a minute or two.
-unit:
-	@test -x $(PY) || { echo "make unit: no $(VENV) yet; run make test (or make lab) once first" >&2; exit 2; }
-	$(UNIT) -m "not network and not under_load"
-
-notebooks: $(STAMP)
-	$(PY) tools/run_notebooks.py notebooks solutions
 
 exercises: $(STAMP)
 	$(PY) -m mhalib.grade.release
