@@ -289,19 +289,19 @@ ALT: dict[str, dict[str, list[str]]] = {
             "MQA (dashed lines), each converted by mean, first or random K/V heads (a colour per "
             "method, named in the legend). A black line marks the original MHA model's loss, about "
             "0.013; dashed vertical lines mark 5% and 20% of the training steps. Mean-pooled models "
-            "start lowest and come near the original's loss within about 50 steps; first-head models "
-            "take about 60 to 150 steps; random ones stay near 3 for 100 to 200 steps and are still "
-            "above the others at step 300."],
+            "start lowest and come near the original's loss first, within about 100 steps; "
+            "first-head models follow; random ones stay near 3 for 100 to 200 steps and are still "
+            "the highest at step 300. Each curve has its own marker."],
     },
     "notebooks/09_beyond_gqa.ipynb": {
         "5c8d564d": [
             "Log-log chart of the bytes read per decode step at batch 1 in GiB (fp16), against the "
             "tokens in flight (batch x context) from 100 to 1 million, from the published shapes of "
             "Llama-2-7B and Llama-3-8B. For each model, a solid line is weights plus cache and a "
-            "dotted line the cache alone; a dashed horizontal line marks the weights, about 12.6 and "
-            "15 GiB. The weights dominate until the cache crosses them, marked by a vertical line: "
-            "at 25,205 tokens for Llama-2-7B and at 114,516 tokens for Llama-3-8B, whose 8 K/V heads "
-            "keep its cache four times smaller."],
+            "dotted line the cache alone; a dashed horizontal line marks the weights a step reads, "
+            "about 12.3 and 14 GiB. The weights dominate until the cache crosses them, marked by a "
+            "vertical line: at 25,205 tokens for Llama-2-7B and at 114,516 tokens for Llama-3-8B, "
+            "whose 8 K/V heads keep its cache four times smaller."],
         "3f7ff934": [
             "Still of the cache-kinds explorer at a context of 32k tokens and a window of 4,096: "
             "log-log chart of the KV cache in fp16/bf16 against the context length from 512 to 128k "
