@@ -198,8 +198,9 @@ def test_makefile_test_target_runs_every_notebook_folder():
     for folder in NOTEBOOK_DIRS:
         assert folder in recipe, f"make test does not run {folder}/"
     assert "--nbval " in recipe and "--nbval-lax" in recipe
-    # the unit tests are split by the network marker: both halves run, each in a timed stage
-    assert '-m "not network"' in recipe and "-m network" in recipe and recipe.count("$(call stage,") >= 6
+    # the unit tests are split by the network and under_load markers: every part runs, each in a timed stage
+    assert '-m "not network and not under_load"' in recipe and "-m network" in recipe and "-m under_load" in recipe
+    assert recipe.count("$(call stage,") >= 7
 
 
 def tracked_notebooks(folder):
