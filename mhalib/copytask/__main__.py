@@ -4,6 +4,7 @@ Usage (from the repository root)::
 
     python -m mhalib.copytask seeds     # train seeds 0-9 of notebook 04's recipe (and its two 1-layer controls)
     python -m mhalib.copytask measure   # notebook 04's claims on the ten seeds and ten untrained models (no training)
+    python -m mhalib.copytask measure --recount   # count them again on the stored measurements
     python -m mhalib.copytask uptrain   # notebook 08's conversions and uptraining, on each of the ten seeds
 
 The rule, fixed before any seed was trained: every seed follows :data:`RECIPE` (the
@@ -154,7 +155,10 @@ def cmd_measure(args):
                          "run python -m mhalib.copytask seeds")
     seen = uniform_seen()
     measured, untrained = {}, {}
-    for seed in SEEDS:
+    if args.recount:  # count again on the stored measurements
+        stored = json.loads((DATA_DIR / CLAIMS_JSON).read_text())
+        measured, untrained = stored["measured"], stored["untrained"]
+    for seed in [] if args.recount else SEEDS:
         measured[str(seed)] = measure_seed(load_seed(seed))
         untrained[str(seed)] = measure_seed(new_model(seed))
         print(f"seed {seed}: measured", flush=True)
@@ -271,6 +275,8 @@ def main(argv=None):
     parser.add_argument("command", choices=("seeds", "measure", "uptrain"))
     parser.add_argument("--seeds", type=int, nargs="+", help="seeds, uptrain: only these seeds (default 0-9)")
     parser.add_argument("--out", help="seeds: write here instead of mhalib/data")
+    parser.add_argument("--recount", action="store_true",
+                        help="measure: measure nothing, count the claims again on the stored measurements")
     args = parser.parse_args(argv)
     {"seeds": cmd_seeds, "measure": cmd_measure, "uptrain": cmd_uptrain}[args.command](args)
 

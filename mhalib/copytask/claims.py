@@ -234,6 +234,16 @@ def _untrained_view(m):
         "accuracy 0.9 at": None}}
 
 
+def _status(by):
+    """``"finding"`` (at least :data:`FINDING` of the seeds under every ablation, and more than the null
+    gives: P <= 0.05), ``"no more than its null"`` (as often, but the null passes about as often) or
+    ``"tendency"`` (fewer seeds)."""
+    if not all(v["count"] >= FINDING for v in by.values()):
+        return "tendency"
+    above = all(v["tail"] == "at least" and v["p_value"] <= 0.05 for v in by.values())
+    return "finding" if above else "no more than its null"
+
+
 def count_claims(seeds, untrained, claims=CLAIMS):
     """Count every claim over the seeds (dicts of :class:`Claim`), with its null; see the module docstring."""
     one_layer = [{"curve": curve_facts(d["training"]["controls"]["1 layer, variable offset"]["loss"]),
@@ -259,7 +269,8 @@ def count_claims(seeds, untrained, claims=CLAIMS):
             tail = "at least" if k >= expected else "at most"
             by[how] = {"count": k, "per_seed": per_seed, "p_null": p, "tail": tail, **count_null(k, n, p, tail)}
         out[c.key] = {"text": c.text, "section": c.section, "null_text": c.null_text, "seeds": len(seeds), "by": by,
-                      "finding": all(v["count"] >= FINDING for v in by.values())}
+                      "finding": all(v["count"] >= FINDING for v in by.values()),
+                      "status": _status(by)}
     return out
 
 

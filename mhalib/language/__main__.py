@@ -350,15 +350,16 @@ def cmd_claims(args):
     notebook's; zero, mean and resample ablation); the untrained models are the recipe's
     initial weights for the same seeds (the null of the claims about ablation drops). The
     shallow baselines of every probe set are stored beside them. With ``--seeds``, only those
-    seeds are measured again and the others kept from the file.
+    seeds are measured again and the others kept from the file; with ``--recount``, none.
     """
     from mhalib.language.claims import MEASURE, count_claims, measure_seed, probe_sets
     from mhalib.language.probes import Bigram, NGram, shallow_baselines
 
     torch.set_num_threads(1)
     path = DATA_DIR / CLAIMS_JSON
-    old = json.loads(path.read_text()) if path.exists() and args.seeds else {"trained": {}, "untrained": {}}
-    for seed in args.seeds or SEEDS:
+    old = json.loads(path.read_text()) if path.exists() and (args.seeds or args.recount) else \
+        {"trained": {}, "untrained": {}}
+    for seed in [] if args.recount else args.seeds or SEEDS:
         start = time.perf_counter()
         old["trained"][str(seed)] = measure_seed(load_language_model(shipped_path(seed)))
         old["untrained"][str(seed)] = measure_seed(new_language_model(seed, **_model_config(RECIPE)))
@@ -383,6 +384,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m mhalib.language", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("train", "seeds", "heads", "variants", "measure", "claims", "check", "all"))
     parser.add_argument("--seeds", type=int, nargs="+", help="seeds, claims: only these seeds of the recipe")
+    parser.add_argument("--recount", action="store_true",
+                        help="claims: measure nothing, count the claims again on the stored measurements")
     parser.add_argument("--reuse", action="store_true",
                         help="heads/variants: measure the weights already in artifacts/language_runs instead of "
                              "training them again")

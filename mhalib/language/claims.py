@@ -17,7 +17,8 @@ keeps notebook 05 honest in four ways:
   ablation, with the binomial chance of that count under the null
   (:func:`mhalib.interpret.count_null`);
 * :data:`FINDING`: a claim that holds in at least 8 of 10 seeds under every ablation it is
-  tested in is stated as a finding; fewer, as a tendency.
+  tested in, more often than its null, is stated as a finding; fewer, as a tendency; as
+  often, but no more often than the null, as "no more than its null".
 
 ``python -m mhalib.language claims`` measures the ten shipped seeds and ten untrained
 models and writes ``mhalib/data/language_claims.json``; notebook 05 reads it, and
@@ -244,10 +245,9 @@ CLAIMS = [
           lambda m, how: m["probes"]["agreement"]["margin"] < m["probes"]["agreement, attractor of the same number"][
               "margin"], 0.5, "either direction equally likely (a coin flip per seed)", section="3"),
     # section 4: scores
-    Claim("scores in layer 1", "the top verb -> subject score (> 0.85) and the top pronoun -> antecedent score (> 0.6) "
-          "are in layer 1, and no layer-0 head scores 0.15 on either",
+    Claim("scores in layer 1", "the top verb -> subject and pronoun -> antecedent scores are in layer 1, and no "
+          "layer-0 head scores 0.15 on either",
           lambda m, how: _top(m, "agreement")[0] == 1 and _top(m, "coreference")[0] == 1
-          and np.max(m["scores"]["agreement"]) > 0.85 and np.max(m["scores"]["coreference"]) > 0.6
           and max(np.max(m["scores"]["agreement"][0]), np.max(m["scores"]["coreference"][0])) < 0.15,
           "untrained", "untrained models", section="4"),
     Claim("no sink", "no <bos> sink, previous-token or induction head (every score < 0.3)",
@@ -302,6 +302,16 @@ CLAIMS = [
 ]
 
 
+def _status(by):
+    """``"finding"`` (at least :data:`FINDING` of the seeds under every ablation, and more than the null
+    gives: P <= 0.05), ``"no more than its null"`` (as often, but the null passes about as often) or
+    ``"tendency"`` (fewer seeds)."""
+    if not all(v["count"] >= FINDING for v in by.values()):
+        return "tendency"
+    above = all(v["tail"] == "at least" and v["p_value"] <= 0.05 for v in by.values())
+    return "finding" if above else "no more than its null"
+
+
 def count_claims(trained, untrained, claims=CLAIMS):
     """Count every claim over the seeds, under each of its ablations, with its null.
 
@@ -326,5 +336,6 @@ def count_claims(trained, untrained, claims=CLAIMS):
             null = count_null(k, n, p, tail)
             by[how] = {"count": k, "per_seed": per_seed, "p_null": p, "tail": tail, **null}
         out[c.key] = {"text": c.text, "section": c.section, "null_text": c.null_text, "seeds": len(trained), "by": by,
-                      "finding": all(v["count"] >= FINDING for v in by.values())}
+                      "finding": all(v["count"] >= FINDING for v in by.values()),
+                      "status": _status(by)}
     return out
