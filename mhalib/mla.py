@@ -6,11 +6,15 @@ head's key and value are projected **up** from it. The heads' keys carry no rota
 RoPE applied, as in other models, to an up-projected key ``W_uk c`` and to the query puts a
 rotation that depends on the query's and the key's positions between ``W^Q`` and ``W^UK``, so
 the key up-projection could no longer be folded into the query once for all keys (DeepSeek-V2,
-section 2.1.3, "Decoupled Rotary Position Embedding"); a rotation applied to the latent itself,
-before caching, would still fold. So a small extra key of ``qk_rope_head_dim`` numbers, shared
-by all heads and rotated before caching, carries the positions ("decoupled RoPE"), with a
-rotated query part per head. The cache holds ``kv_lora_rank + qk_rope_head_dim`` numbers per
-token and layer.
+section 2.1.3, "Decoupled Rotary Position Embedding"). Rotating the latent itself before caching,
+which the paper does not discuss, would fold, but the scores would depend on the offset between
+positions only if the folded query ``W_uk^T q`` were rotated by the query's position too (left
+unrotated, they depend on the key's position alone); and since the same latent makes the values,
+``W_uv sum_t w_t R_t c_t`` would carry each key's rotation unless every cached latent were rotated
+back at every step, or cached a second time unrotated. So a small extra key of ``qk_rope_head_dim``
+numbers, shared by all heads and rotated before caching, carries the positions ("decoupled
+RoPE"), with a rotated query part per head, and the latent stays unrotated. The cache holds
+``kv_lora_rank + qk_rope_head_dim`` numbers per token and layer.
 
 At decode time the up-projections need not run at all ("absorbed" form): the key
 up-projection folds into the query (``q . (W_uk c) = (W_uk^T q) . c``) and the value

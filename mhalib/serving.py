@@ -146,22 +146,26 @@ def crossover_tokens(config, *, batch_size=1, num_kv_heads=None, bytes_per_eleme
 
 
 def mla_attention_flops(num_queries, num_keys, num_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
-                        v_head_dim, *, absorb):
-    """FLOPs of multi-head latent attention for ``num_queries`` queries that all read ``num_keys`` cached keys.
+                        v_head_dim, *, absorb, causal=False):
+    """FLOPs of multi-head latent attention for ``num_queries`` queries against ``num_keys`` cached keys.
 
     Counted per layer, 2 FLOPs per multiply-add, for the parts where the two forms differ and the
     scores and mixing they both do; the query and latent projections before, and ``o_proj``
     after, are the same in both and left out (so is the softmax). With Q queries, T keys,
-    H heads, r = ``kv_lora_rank``, d_n, d_R, d_v the head dimensions:
+    P (query, key) pairs, H heads, r = ``kv_lora_rank``, d_n, d_R, d_v the head dimensions:
 
     * plain: rebuild every key's ``k_h = W^UK_h c`` and value ``v_h = W^UV_h c`` from its latent
       (``T H r (d_n + d_v)`` multiply-adds), score with the rebuilt and the rotary keys
-      (``Q T H (d_n + d_R)``) and mix the values (``Q T H d_v``);
+      (``P H (d_n + d_R)``) and mix the values (``P H d_v``);
     * absorbed: fold ``W^UK_h`` into each query (``Q H r d_n``), score the latents and the rotary
-      key (``Q T H (r + d_R)``), mix the latents (``Q T H r``), then up-project the mix once
+      key (``P H (r + d_R)``), mix the latents (``P H r``), then up-project the mix once
       per query and head (``Q H r d_v``).
 
-    The plain form pays per key, the absorbed form per query and key: decoding (one query
+    ``causal=False``: every query reads every key, ``P = Q T``. ``causal=True``: the queries are
+    the last Q of the T positions and each reads the keys up to its own, ``P = Q T - Q (Q - 1) / 2``
+    (a prefill of T tokens: ``Q = T``, ``P = T (T + 1) / 2``; one decoding query: ``P = T``).
+
+    The plain form pays per key, the absorbed form per (query, key) pair: decoding (one query
     against many keys) favours absorbing, prefill (many queries per key) the plain form.
 
     Returns:
@@ -171,18 +175,23 @@ def mla_attention_flops(num_queries, num_keys, num_heads, kv_lora_rank, qk_nope_
     h, r = _count(num_heads, "num_heads"), _count(kv_lora_rank, "kv_lora_rank")
     dn, dr = _count(qk_nope_head_dim, "qk_nope_head_dim"), _count(qk_rope_head_dim, "qk_rope_head_dim", allow_zero=True)
     dv = _count(v_head_dim, "v_head_dim")
+    if causal and q > t:
+        raise ValueError(f"causal=True needs num_queries <= num_keys (the queries are the last of the keys' "
+                         f"positions); got num_queries={q}, num_keys={t}")
+    pairs = q * t - q * (q - 1) // 2 if causal else q * t
     if absorb:
-        macs = q * h * r * dn + q * t * h * (r + dr) + q * t * h * r + q * h * r * dv
+        macs = q * h * r * dn + pairs * h * (r + dr) + pairs * h * r + q * h * r * dv
     else:
-        macs = t * h * r * (dn + dv) + q * t * h * (dn + dr) + q * t * h * dv
+        macs = t * h * r * (dn + dv) + pairs * h * (dn + dr) + pairs * h * dv
     return 2 * macs
 
 
 def absorb_crossover_queries(kv_lora_rank, qk_nope_head_dim, v_head_dim, num_keys=None):
     """Queries per key above which the plain form of MLA costs fewer FLOPs than the absorbed one.
 
-    Setting the two counts of :func:`mla_attention_flops` equal (the rotary and the head count
-    cancel): ``T r (d_n + d_v) + Q T (d_n + d_v) = Q r (d_n + d_v) + 2 Q T r``, so
+    Setting the two counts of :func:`mla_attention_flops` equal, every query reading every key
+    (the rotary and the head count cancel):
+    ``T r (d_n + d_v) + Q T (d_n + d_v) = Q r (d_n + d_v) + 2 Q T r``, so
     ``Q* = T r (d_n + d_v) / (r (d_n + d_v) + T (2 r - d_n - d_v))``; with many keys
     (``num_keys=None``) ``Q* = r (d_n + d_v) / (2 r - d_n - d_v)``. Returns ``math.inf`` when
     ``2 r <= d_n + d_v`` (then absorbing never costs more).

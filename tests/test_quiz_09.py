@@ -62,14 +62,31 @@ def test_absorb_answer_counts_576_numbers_and_the_reason_for_the_separate_rotary
     assert "576 numbers" in answer("09.absorb")
     assert DEEPSEEK_V3["kv_lora_rank"] + DEEPSEEK_V3["qk_rope_head_dim"] == 576
     why = QUESTIONS["09.absorb"].choices[2].why
-    assert "between W^Q and W^UK" in why and "rotation of the latent alone would still fold" in why
+    assert "between W^Q and W^UK" in why
+    assert "folded query must be turned by the query's position too" in why and "turned back" in why
     rng = np.random.default_rng(0)
-    w_uk, latents, q = rng.standard_normal((8, 16)), rng.standard_normal((6, 16)), rng.standard_normal(8)
-    rotated = apply_rope(latents, np.arange(6))  # (T, r): the latent rotated by its position, then cached
-    np.testing.assert_allclose(rotated @ (w_uk.T @ q), (rotated @ w_uk.T) @ q, rtol=0, atol=1e-12)  # folds
+    w_uk, w_uv = rng.standard_normal((8, 16)), rng.standard_normal((8, 16))  # (d_nope, r), (d_v, r)
+    latents, q = rng.standard_normal((6, 16)), rng.standard_normal(8)
     q_m = apply_rope(q[None], [5])[0]
     scores = apply_rope(latents @ w_uk.T, np.arange(6)) @ q_m  # RoPE on the up-projected keys and the query
     assert np.abs(latents @ (w_uk.T @ q_m) - scores).max() > 1e-3  # one fold no longer gives the scores
+
+    def latent_score(m, n, turn):  # the latent rotated by its position n, W_uk folded into the query once
+        folded = w_uk.T @ q
+        folded = apply_rope(folded[None], [m])[0] if turn else folded
+        return apply_rope(latents[:1], [n])[0] @ folded
+
+    same_offset = [(5, 0), (15, 10), (105, 100)]
+    turned = [latent_score(m, n, True) for m, n in same_offset]
+    unturned = [latent_score(m, n, False) for m, n in same_offset]
+    assert max(turned) - min(turned) < 1e-9  # the folded query turned by m: the offset alone counts
+    assert max(unturned) - min(unturned) > 1e-3  # left unturned: the key's position counts
+    assert abs(latent_score(5, 0, False) - latent_score(50, 0, False)) < 1e-12  # ... and the query's does not
+    weights = np.full(6, 1 / 6)
+    rotated = apply_rope(latents, np.arange(6))  # what a cache of rotated latents holds
+    want = w_uv @ (weights @ latents)  # the values W_uv c_t, mixed
+    assert np.abs(w_uv @ (weights @ rotated) - want).max() > 1e-3  # the values carry the rotation
+    np.testing.assert_allclose(w_uv @ (weights @ apply_rope(rotated, -np.arange(6))), want, rtol=0, atol=1e-12)
 
 
 def test_crossover_answer_the_smaller_w_k_and_w_v_save_more_than_the_cache_at_one_short_sequence():
@@ -84,5 +101,5 @@ def test_crossover_answer_the_smaller_w_k_and_w_v_save_more_than_the_cache_at_on
     assert a["cache"] == 4 * b["cache"] and a["total"] / b["total"] < 2  # the 4x of the cache is not the step's
     assert f"{a['total'] / (a['weights'] + b['cache']):.2f}" == "1.03"  # the wrong choice: only the cache shrinks
     assert int(crossover_tokens(c)) == 25_205 > 1024
-    big = decode_step_bytes(c, 64, 8192)["total"] / decode_step_bytes(c, 64, 8192, num_kv_heads=8)["total"]
-    assert f"{big:.2f}" == "3.59"
+    big = decode_step_bytes(c, 128, 4096)["total"] / decode_step_bytes(c, 128, 4096, num_kv_heads=8)["total"]
+    assert f"{big:.2f}" == "3.59" and "batch 128 x 4,096 tokens" in QUESTIONS["09.crossover"].choices[1].why

@@ -120,7 +120,11 @@ class Counted:
         return np.einsum(spec, *operands)
 
 
-def mla_both_forms(q_count, t_count, h, r, dn, dr, dv, seed=0):
+def mla_both_forms(q_count, t_count, h, r, dn, dr, dv, seed=0, causal=False):
+    """MLA's plain and absorbed forms on random tensors, every product counted.
+
+    ``causal``: the queries are the last ``q_count`` of the ``t_count`` positions, and each one
+    reads only the keys up to its own (run one query at a time, on its prefix of the cache)."""
     rng = np.random.default_rng(seed)
     q_nope, q_rope = rng.standard_normal((q_count, h, dn)), rng.standard_normal((q_count, h, dr))
     latents, rope_key = rng.standard_normal((t_count, r)), rng.standard_normal((t_count, dr))  # what MLA caches
@@ -133,11 +137,21 @@ def mla_both_forms(q_count, t_count, h, r, dn, dr, dv, seed=0):
     plain, absorbed = Counted(), Counted()
     k = plain("hnr,tr->thn", w_uk, latents)  # (T, H, d_n): every key rebuilt
     v = plain("hvr,tr->thv", w_uv, latents)  # (T, H, d_v)
-    s = plain("qhn,thn->hqt", q_nope, k) + plain("qhd,td->hqt", q_rope, rope_key)  # (H, Q, T)
-    out_plain = plain("hqt,thv->qhv", softmax(s), v)  # (Q, H, d_v)
     q_abs = absorbed("qhn,hnr->qhr", q_nope, w_uk)  # (Q, H, r): W_uk folded into the query
-    s = absorbed("qhr,tr->hqt", q_abs, latents) + absorbed("qhd,td->hqt", q_rope, rope_key)  # (H, Q, T)
-    mixed = absorbed("hqt,tr->qhr", softmax(s), latents)  # (Q, H, r): latents mixed first
+    if causal:
+        outs, mixes = [], []
+        for i in range(q_count):
+            n = t_count - q_count + i + 1  # keys 0 .. n - 1: up to the query's own position
+            s = plain("hn,thn->ht", q_nope[i], k[:n]) + plain("hd,td->ht", q_rope[i], rope_key[:n])  # (H, n)
+            outs.append(plain("ht,thv->hv", softmax(s), v[:n]))  # (H, d_v)
+            s = absorbed("hr,tr->ht", q_abs[i], latents[:n]) + absorbed("hd,td->ht", q_rope[i], rope_key[:n])
+            mixes.append(absorbed("ht,tr->hr", softmax(s), latents[:n]))  # (H, r)
+        out_plain, mixed = np.stack(outs), np.stack(mixes)  # (Q, H, d_v), (Q, H, r)
+    else:
+        s = plain("qhn,thn->hqt", q_nope, k) + plain("qhd,td->hqt", q_rope, rope_key)  # (H, Q, T)
+        out_plain = plain("hqt,thv->qhv", softmax(s), v)  # (Q, H, d_v)
+        s = absorbed("qhr,tr->hqt", q_abs, latents) + absorbed("qhd,td->hqt", q_rope, rope_key)  # (H, Q, T)
+        mixed = absorbed("hqt,tr->qhr", softmax(s), latents)  # (Q, H, r): latents mixed first
     out_absorbed = absorbed("qhr,hvr->qhv", mixed, w_uv)  # (Q, H, d_v)
     return out_plain, out_absorbed, 2 * plain.macs, 2 * absorbed.macs
 
@@ -149,6 +163,32 @@ def test_mla_flops_are_the_products_the_two_forms_compute(q, t):
     np.testing.assert_allclose(out_absorbed, out_plain, rtol=0, atol=1e-12)  # the same attention
     assert mla_attention_flops(q, t, **shape, absorb=False) == plain
     assert mla_attention_flops(q, t, **shape, absorb=True) == absorbed
+
+
+@pytest.mark.parametrize("q, t", [(1, 9), (5, 9), (9, 9), (1, 1)])
+def test_causal_mla_flops_count_each_query_against_the_keys_up_to_its_own(q, t):
+    shape = dict(num_heads=3, kv_lora_rank=7, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=5)
+    out_plain, out_absorbed, plain, absorbed = mla_both_forms(q, t, 3, 7, 4, 2, 5, causal=True)
+    np.testing.assert_allclose(out_absorbed, out_plain, rtol=0, atol=1e-12)
+    # the per-query loop is causal attention: the full scores with the bottom-right causal mask give it
+    full_plain, _, every_plain, every_absorbed = mla_both_forms(q, t, 3, 7, 4, 2, 5)
+    rng = np.random.default_rng(0)
+    q_nope, q_rope = rng.standard_normal((q, 3, 4)), rng.standard_normal((q, 3, 2))
+    latents, rope_key = rng.standard_normal((t, 7)), rng.standard_normal((t, 2))
+    w_uk, w_uv = rng.standard_normal((3, 4, 7)), rng.standard_normal((3, 5, 7))
+    s = np.einsum("qhn,hnr,tr->hqt", q_nope, w_uk, latents) + np.einsum("qhd,td->hqt", q_rope, rope_key)
+    s = np.where(np.arange(t)[None, None, :] <= (t - q + np.arange(q))[None, :, None], s, -np.inf)  # (H, Q, T)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("hqt,hvr,tr->qhv", w / w.sum(-1, keepdims=True), w_uv, latents)
+    np.testing.assert_allclose(out_plain, want, rtol=0, atol=1e-12)
+    assert mla_attention_flops(q, t, **shape, absorb=False, causal=True) == plain
+    assert mla_attention_flops(q, t, **shape, absorb=True, causal=True) == absorbed
+    if q > 1:  # fewer (query, key) pairs than every query against every key
+        assert plain < every_plain and absorbed < every_absorbed and not np.allclose(out_plain, full_plain)
+    else:  # one decoding query reads every key either way
+        assert (plain, absorbed) == (every_plain, every_absorbed)
+    with pytest.raises(ValueError, match="num_queries=10, num_keys=9"):
+        mla_attention_flops(10, 9, **shape, absorb=True, causal=True)
 
 
 def test_absorbing_pays_in_decode_and_costs_in_prefill_with_a_crossover_in_queries_per_key():
@@ -165,6 +205,9 @@ def test_absorbing_pays_in_decode_and_costs_in_prefill_with_a_crossover_in_queri
     decode = mla_attention_flops(1, t, **shape, absorb=True) / mla_attention_flops(1, t, **shape, absorb=False)
     prefill = mla_attention_flops(t, t, **shape, absorb=True) / mla_attention_flops(t, t, **shape, absorb=False)
     assert decode < 0.01 and prefill > 3
+    causal = (mla_attention_flops(t, t, **shape, absorb=True, causal=True)
+              / mla_attention_flops(t, t, **shape, absorb=False, causal=True))
+    assert 1 < causal < prefill  # half the pairs: the per-pair cost of absorbing weighs less
     assert absorb_crossover_queries(64, 64, 64) == math.inf  # 2 r <= d_n + d_v: absorbing never costs more
     with pytest.raises(ValueError, match="num_keys=0"):
         mla_attention_flops(1, 0, **shape, absorb=True)
