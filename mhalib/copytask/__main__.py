@@ -108,6 +108,7 @@ def train_seed(seed, progress=False):
 
 
 def cmd_seeds(args):
+    """Train the recipe's seeds (``--seeds``, default 0-9) and write their weights and training records."""
     seeds = args.seeds or list(SEEDS)
     out = Path(args.out) if args.out else DATA_DIR
     records = {}
@@ -145,6 +146,7 @@ def _dump(path, data):
 
 
 def cmd_measure(args):
+    """Measure notebook 04's claims on every shipped seed and on untrained models, and write the counts."""
     from mhalib.copytask.claims import MEASURE, count_claims, curve_facts, measure_seed, uniform_seen
 
     torch.set_num_threads(1)
@@ -259,6 +261,7 @@ def uptrain_seed(seed):
 
 
 def cmd_uptrain(args):
+    """Run notebook 08 on each seed (its conversions before and while uptraining) and write the measurements."""
     torch.set_num_threads(1)
     path = DATA_DIR / UPTRAINING_JSON
     runs = json.loads(path.read_text())["runs"] if path.exists() and args.seeds else {}
@@ -271,6 +274,7 @@ def cmd_uptrain(args):
 
 
 def main(argv=None):
+    """Run one command of ``python -m mhalib.copytask``."""
     parser = argparse.ArgumentParser(prog="python -m mhalib.copytask", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("seeds", "measure", "uptrain"))
     parser.add_argument("--seeds", type=int, nargs="+", help="seeds, uptrain: only these seeds (default 0-9)")
