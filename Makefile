@@ -83,14 +83,14 @@ $(STAMP): pyproject.toml $(LOCK)
 	  echo "==> Creating the virtual environment $(VENV): everything goes there, nothing system-wide" && \
 	  $(PYTHON) -m venv $(VENV); \
 	fi
-	@echo "==> Installing into $(VENV). A first run downloads about 350 MB (torch, the CPU build, is about 190 MB of it); a few minutes."
+	@echo "==> Installing into $(VENV). A first run downloads about 320 MB (torch, the CPU build, is about 185 MB of it); a few minutes."
 	@set -e; if [ "$$(uname -s)" = Linux ]; then \
 	  if [ -z "$(TORCH_CPU_INDEX)" ]; then \
 	    echo "==> torch $(TORCH_VERSION): TORCH_CPU_INDEX is empty, so from the normal package index"; \
 	    $(PIP) install $(PIP_FLAGS) -c $(LOCK) torch; \
 	  elif echo "==> Asking PyTorch's CPU index ($(TORCH_CPU_INDEX)) for torch, 5 s at most" && \
 	       $(PY) -c "$$PROBE_PY" "$(TORCH_CPU_INDEX)"; then \
-	    echo "==> torch $(TORCH_VERSION), the CPU build (about 190 MB), from $(TORCH_CPU_INDEX)"; \
+	    echo "==> torch $(TORCH_VERSION), the CPU build (about 185 MB), from $(TORCH_CPU_INDEX)"; \
 	    $(PIP) install $(PIP_FLAGS) --no-deps --index-url $(TORCH_CPU_INDEX) -c $(LOCK) torch; \
 	  else \
 	    echo "==> torch $(TORCH_VERSION): PyTorch's CPU index did not answer; from the normal package index instead."; \
