@@ -324,6 +324,13 @@ def test_make_grade_reads_nb_from_the_folder_make_was_started_in(tmp_path):
     assert f"no notebook NB=nope.ipynb in {tmp_path} (where make was started), nor in {ROOT}" in proc.stderr
 
 
+def top_level_make_env():
+    """The environment of a make started by a program, not by another make: under make test,
+    MAKEFLAGS carries the outer make's -w (which a make below another always gets) and would
+    read as a -C that was never given."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+
+
 @needs_make
 def test_without_dash_c_make_grade_ignores_a_stale_pwd(tmp_path):
     """A program that starts make in the course folder without a shell may pass on its own PWD:
@@ -331,7 +338,7 @@ def test_without_dash_c_make_grade_ignores_a_stale_pwd(tmp_path):
     (tmp_path / "exercises").mkdir()
     shutil.copy(SOLUTION_01, tmp_path / "exercises" / EXERCISE_01.name)  # the same name, elsewhere
     proc = subprocess.run(["make", "grade", f"NB=exercises/{EXERCISE_01.name}", "-o", ".venv/.installed"], cwd=ROOT,
-                          env=dict(os.environ, PWD=str(tmp_path)), capture_output=True, text=True, timeout=180)
+                          env=dict(top_level_make_env(), PWD=str(tmp_path)), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0 and "TOTAL 0 / 8" in proc.stdout, proc.stdout + proc.stderr
 
 

@@ -19,7 +19,8 @@ from mhalib.grade import exercises as registry
 from mhalib.grade.grader import grade_notebook
 from mhalib.grade.sandbox import Limits
 import test_grader_ex09 as ex09
-from test_grader_exercises import ANSWERS, _notebook
+from notebook_files import one_cell_notebook
+from test_grader_exercises import ANSWERS
 
 LIMITS = Limits(call_timeout_s=60, cell_timeout_s=120)
 
@@ -277,7 +278,7 @@ def test_a_right_answer_written_another_way_gets_full_marks(number, what, source
     ns = _namespace(ANSWERS[key] + source)
     for g in registry.get(key).graded:
         assert check(g.lookup, ns[g.lookup]) is True, capsys.readouterr().out
-    result = grade_notebook(_notebook(tmp_path / f"{key}.ipynb", key, ANSWERS[key] + source), limits=LIMITS)
+    result = grade_notebook(one_cell_notebook(tmp_path / f"{key}.ipynb", key, ANSWERS[key] + source), limits=LIMITS)
     assert result.score == result.max_score, result.text()
     assert "NumPy" not in result.text()
 
@@ -325,7 +326,7 @@ def test_a_hard_coded_bytes_per_element_loses_points_on_every_draw():
 
 def test_the_rule_abiding_sdpa_gets_full_marks(tmp_path, capsys):
     key = _key("01")
-    result = grade_notebook(_notebook(tmp_path / "ok.ipynb", key, ANSWERS[key] + SDPA), limits=LIMITS)
+    result = grade_notebook(one_cell_notebook(tmp_path / "ok.ipynb", key, ANSWERS[key] + SDPA), limits=LIMITS)
     assert result.score == result.max_score > 0, result.text()
     assert check("scaled_dot_product_attention", _namespace(ANSWERS[key] + SDPA)["scaled_dot_product_attention"])
 
@@ -344,7 +345,7 @@ def test_a_broken_rule_loses_points_in_the_grader_and_fails_check(number, name, 
     assert line is not None, out  # this very check is the one that fails
     assert check_words in line, f"check() does not name the mistake ({check_words!r}): {line}"
 
-    result = grade_notebook(_notebook(tmp_path / f"{key}.ipynb", key, source), limits=LIMITS)
+    result = grade_notebook(one_cell_notebook(tmp_path / f"{key}.ipynb", key, source), limits=LIMITS)
     by_name = {c.name: c for c in result.checks}
     assert by_name[name].score < by_name[name].max_score, f"the grader gives full marks to a mutant: {rule}"
     assert grader_words in by_name[name].output, by_name[name].output
