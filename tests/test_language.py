@@ -432,9 +432,12 @@ def test_the_top_scoring_heads_are_in_layer_1(shipped):
 # --- the claims notebook 05 makes about the five shipped seeds, on fresh probe items ------
 
 
+NOTEBOOK_05_SEEDS = SHIPPED_SEEDS[:5]  # the five seeds notebook 05 counts over (seeds 5-9 ship too)
+
+
 @pytest.fixture(scope="module")
 def seeds():
-    return {seed: load_language_model(seed=seed) for seed in SHIPPED_SEEDS}
+    return {seed: load_language_model(seed=seed) for seed in NOTEBOOK_05_SEEDS}
 
 
 def first_noun_rule(probes):
@@ -691,7 +694,7 @@ def test_notebook_05_counts_claims_over_the_seeds_it_ships():
     claims = re.findall(r"in (\d) of (\d) seeds", prose, flags=re.IGNORECASE)
     assert len(claims) >= 5
     for n, m in claims:
-        assert int(m) in (len(SHIPPED_SEEDS), 3), "claims count over the 5 shipped seeds (3 per H in the H sweep)"
+        assert int(m) in (len(NOTEBOOK_05_SEEDS), 3), "claims count over the 5 seeds (3 per H in the H sweep)"
         assert f"{n} of {m} seeds" in printed, f"the prose counts {n} of {m} seeds, but no cell prints that count"
 
 
