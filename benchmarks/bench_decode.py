@@ -1,28 +1,37 @@
 """Decode benchmark: one new query token against a long KV cache, MHA vs GQA vs MQA.
 
-Decoding reads the whole KV cache for every new token, so with few FLOPs per byte its
-speed is set by how many bytes the cache holds: g key/value heads instead of H should
-make a step about H / g times faster, until compute becomes the limit (on a CPU, MQA
-reaches that floor well before H / g = 32).
+Decoding reads the whole KV cache for every new token. The bytes shrink with the number g
+of key/value heads; the arithmetic does not: every one of the H query heads still scores
+all n keys and mixes all n values, 4 H n d FLOPs. So the step is bound by memory while
+H / g is small and by arithmetic once enough queries share each K/V row, and a kernel
+must be fast at both ends for fewer K/V heads to keep paying.
 
-Four ways to attend with g < H key/value heads:
+Two reports, each at every thread count asked for:
 
-* ``grouped_attention`` (mhalib): the H / g query heads of a group stacked as rows,
-  multiplied against the group's un-repeated K and V;
-* ``fused_decode`` (mhalib, Numba): one pass over each K/V head's rows for all the
-  queries of its group, an online softmax per key block, blocks shared out over the
-  cores and merged by their log-sum-exp (``mhalib/fused_decode.py``);
-* ``F.scaled_dot_product_attention(..., enable_gqa=True)`` (PyTorch >= 2.5);
-* ``repeat_kv`` then SDPA: materialise H key/value heads first (copies the cache).
+1. **The sweep** of the fused kernel (``mhalib.fused_decode``, Numba): g = 32, 16, 8, 4, 2, 1
+   at H = 32, d_head 128, and real models' shapes (:data:`REAL_SHAPES`, each with the MHA
+   of the same H and d_head beside it). Each row: the time; the fraction of a streaming
+   read of the same K and V bytes timed in the same rounds ("of read": 100% is a step that
+   costs no more than reading the cache); the GFLOP/s reached, against the multiply-add
+   peak of a Numba loop timed in the same rounds (``benchmarks/fma_peak.py``); which of
+   the two limits binds at those rates; and the speedup over the MHA row. Then the goals:
+   the time never grows as g falls (within 5%), MQA at least 5x faster than MHA, MHA at
+   90% and GQA-8 at 75% of the read, and every real shape at 75% of the read or 40% of
+   the peak, whichever limit binds.
+2. **Four ways** to attend with g < H key/value heads, at g = 32, 8, 1:
 
-Reported: the processor and the BLAS torch uses; the best of several interleaved rounds
-for each method; the bandwidth it reaches, as a fraction of a streaming read of the same
-K and V bytes timed in the same rounds (the faster of NumPy's ``sum`` and a Numba read
-that sums K and V row by row, as the fused kernel reads them); its speedup over the same
-method's MHA; and the byte ratio H / g (the ideal speedup of a memory-bound step). Caches
-are flushed between calls by writing a buffer larger than the last-level cache. Numba's
-first-call compilation (or loading of its cached machine code) is timed apart and kept
-out of the rounds.
+   * ``grouped_attention`` (mhalib): the H / g query heads of a group stacked as rows,
+     multiplied against the group's un-repeated K and V;
+   * ``fused_decode`` (mhalib, Numba): the kernel of the sweep;
+   * ``F.scaled_dot_product_attention(..., enable_gqa=True)`` (PyTorch >= 2.5);
+   * ``repeat_kv`` then SDPA: materialise H key/value heads first (copies the cache).
+
+Reported with them: the processor and the BLAS torch uses; each time is the best of several
+interleaved rounds (the least disturbed on a shared machine); the streaming read is the
+faster of NumPy's ``sum`` and a Numba read that sums K and V row by row, as the fused
+kernel reads them. Caches are flushed between calls by writing a buffer larger than the
+last-level cache. Numba's first-call compilation (or loading of its cached machine code) is
+timed apart and kept out of the rounds.
 
 ``--variants`` times other ways to write the shared-K/V product (one product per block of
 ``KEY_BLOCK`` keys, keys as rows, every block in one batched product, per-block softmaxes
@@ -30,10 +39,10 @@ merged by their log-sum-exp, one matrix-vector product per query head) against m
 plain formula (one product over all keys), each checked against SDPA first, so that a
 choice of formulation is a measurement on the machine at hand.
 ``--fused-blocks`` times ``fused_decode`` with several key-block sizes instead.
-``--device cuda`` runs the same on a GPU, where SDPA's fused kernels are the reference.
+``--device cuda`` runs the four ways on a GPU, where SDPA's fused kernels are the reference.
 
 Usage: python benchmarks/bench_decode.py [--tokens N] [--repeat R] [--threads T]
-       [--variants] [--fused-blocks] [--device cpu|cuda]
+       [--no-sweep] [--variants] [--fused-blocks] [--device cpu|cuda]
 (without --threads: once with every thread torch uses, then once with one thread; the
 thread count applies to torch and to Numba alike)
 """
@@ -53,6 +62,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median_time, print_table  # noqa: E402
+import fma_peak  # noqa: E402  (the multiply-add peak of a Numba loop)
 
 from mhalib import fused_decode  # noqa: E402  (imports NumPy only; Numba on first call)
 from mhalib.attention import grouped_attention, repeat_kv  # noqa: E402
@@ -68,6 +78,26 @@ NUMPY_READ = "read: NumPy sum"
 NUMBA_READ = "read: Numba rows"
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 FUSED = "mhalib fused_decode (Numba)"
+
+#: The sweep's numbers of K/V heads at H = 32: MHA, GQA-16 ... GQA-2, MQA.
+SWEEP_KV_HEADS = (32, 16, 8, 4, 2, 1)
+#: Real models' attention shapes, as their published configurations give them:
+#: (name, H, g, d_head, source). d_head = hidden_size / num_attention_heads in each.
+REAL_SHAPES = (
+    ("Qwen2-7B", 28, 4, 128, "Qwen/Qwen2-7B config.json: num_attention_heads 28, num_key_value_heads 4, "
+                             "hidden_size 3584"),
+    ("Qwen2.5-14B", 40, 8, 128, "Qwen/Qwen2.5-14B config.json: num_attention_heads 40, num_key_value_heads 8, "
+                                "hidden_size 5120"),
+    ("Llama-2-70B", 64, 8, 128, "meta-llama/Llama-2-70b-hf config.json: num_attention_heads 64, "
+                                "num_key_value_heads 8, hidden_size 8192"),
+    ("Falcon-40B", 128, 8, 64, "tiiuae/falcon-40b config.json: num_attention_heads 128, num_kv_heads 8, "
+                               "hidden_size 8192"),
+    ("Falcon-7B", 71, 1, 64, "tiiuae/falcon-7b config.json: n_head 71, multi_query true (one K/V head), "
+                             "hidden_size 4544"),
+)
+#: The sweep's goals: a memory-bound shape reads its cache at this fraction of the streaming read
+#: at least, a compute-bound one reaches this fraction of the multiply-add peak.
+GOAL_OF_READ, GOAL_OF_PEAK = 0.75, 0.40
 
 
 def processor():
@@ -271,6 +301,167 @@ def run(num_tokens=32_768, num_heads=32, head_dim=128, kv_heads=(32, 8, 1), repe
     return rows + [(READ, g, min(min(times[(name, g)]) for name in reads)) for g in kv_heads]
 
 
+# The sweep of the fused kernel over g and over real models' shapes.
+
+def sweep_kv_heads(num_heads):
+    """g = H, H/2, H/4, ... while H/g stays a whole number, then 1: ``(32, 16, 8, 4, 2, 1)`` for H = 32."""
+    kv = [num_heads]
+    while kv[-1] % 2 == 0:
+        kv.append(kv[-1] // 2)
+    return tuple(kv) if kv[-1] == 1 else (*kv, 1)
+
+
+def sweep_groups(num_heads=32, head_dim=128, kv_heads=SWEEP_KV_HEADS, shapes=REAL_SHAPES):
+    """The sweep's shapes in groups: ``[(name, [(row label, H, g, d_head), ...]), ...]``.
+
+    The first group is every g of ``kv_heads`` at ``num_heads``; then each real model, its
+    own shape after the MHA of the same H and d_head (the group's first row: what the model
+    would read with g = H).
+    """
+    groups = [(f"H = {num_heads}", [(label(g, num_heads), num_heads, g, head_dim) for g in kv_heads])]
+    for name, h, g, d, _ in shapes:
+        groups.append((name, [(f"{name} as MHA", h, h, d), (f"{name} ({label(g, h)})", h, g, d)]))
+    return groups
+
+
+def decode_flops(num_heads, num_tokens, head_dim):
+    """FLOPs of one decoding step: every query head scores n keys and mixes n values, 2 FLOPs per multiply-add."""
+    return 4 * num_heads * num_tokens * head_dim
+
+
+def cache_bytes(num_kv_heads, num_tokens, head_dim):
+    """Bytes of K and V in fp32."""
+    return 2 * num_kv_heads * num_tokens * head_dim * 4
+
+
+def run_sweep(groups, num_tokens=32_768, repeat=9, warmup=1):
+    """Time ``fused_decode``, the streaming read of the same K and V, and the FMA loop, in rounds.
+
+    Each group's shapes are timed in interleaved rounds (one call of each per round, the
+    caches flushed before each call), so that a change in the machine's load moves them
+    together; each round also times the multiply-add loop of ``fma_peak`` once, at the same
+    thread count. Every shape is first checked against SDPA with ``enable_gqa``. The caches
+    of all shapes are views into one random buffer (their reads may overlap: the flush
+    between calls keeps any of them from being served from the processor's caches).
+
+    Returns:
+        ``(rows, peak)``: rows ``(group, row label, H, g, d_head, seconds, read seconds)``, each
+        the best of its rounds (the read: the faster of the two reads); ``peak``, the best
+        rate of the FMA loop over all rounds, in FLOP/s.
+    """
+    import numba
+
+    fma_call, fma_work = fma_peak.make_timed(numba.get_num_threads())
+    flush = make_flush()
+    torch.manual_seed(0)
+    largest = max(g * num_tokens * d for _, shapes in groups for _, _, g, d in shapes)
+    buf = torch.randn(2 * largest)  # K and V of every shape are views into it
+    reads = {NUMPY_READ: lambda q, k, v: (k.sum(), v.sum()),
+             NUMBA_READ: lambda q, k, v: fused_decode.streaming_read(k, v)}
+    fns = {FUSED: lambda q, k, v: fused_decode.fused_decode(q, k, v), **reads}
+    rows, fma_best = [], float("inf")
+    for group, shapes in groups:
+        caches = []
+        for _, h, g, d in shapes:
+            size = g * num_tokens * d
+            k, v = buf[:size].view(1, g, num_tokens, d), buf[size:2 * size].view(1, g, num_tokens, d)  # (1, g, n, d)
+            q = torch.randn(1, h, 1, d)  # (1, H, 1, d): one new token
+            torch.testing.assert_close(fns[FUSED](q, k, v), F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                                       atol=1e-4, rtol=1e-4, msg=lambda m, h=h, g=g, d=d: f"H {h}, g {g}, d {d}: {m}")
+            caches.append((q, k, v))
+        times = {(i, name): [] for i in range(len(shapes)) for name in fns}
+        for round_ in range(warmup + repeat):
+            start = time.perf_counter()
+            fma_call()
+            if round_ >= warmup:
+                fma_best = min(fma_best, time.perf_counter() - start)
+            for i, (q, k, v) in enumerate(caches):
+                for name, fn in fns.items():
+                    flush()
+                    start = time.perf_counter()
+                    fn(q, k, v)
+                    if round_ >= warmup:
+                        times[(i, name)].append(time.perf_counter() - start)
+        for i, (row, h, g, d) in enumerate(shapes):
+            read = min(min(times[(i, name)]) for name in reads)
+            rows.append((group, row, h, g, d, min(times[(i, FUSED)]), read))
+    return rows, fma_work / fma_best
+
+
+def bound(h, g, d, n, read_seconds, peak):
+    """Which limit binds a shape at the measured rates: ``"memory"`` when reading its cache takes
+    longer than its arithmetic at the FMA peak, else ``"compute"``."""
+    return "memory" if read_seconds >= decode_flops(h, n, d) / peak else "compute"
+
+
+def sweep_table(rows, peak, n):
+    """The sweep's rows as table lines (str), and each row's numbers by label."""
+    mha = {group: seconds for group, _, h, g, _, seconds, _ in rows if g == h}
+    table, numbers = [], {}
+    for group, row, h, g, d, seconds, read in rows:
+        rate = decode_flops(h, n, d) / seconds
+        numbers[row] = dict(group=group, h=h, g=g, d=d, seconds=seconds, of_read=read / seconds, rate=rate,
+                            of_peak=rate / peak, bound=bound(h, g, d, n, read, peak), speedup=mha[group] / seconds)
+        x = numbers[row]
+        table.append([row, h, g, d, f"{h / g:g}", f"{cache_bytes(g, n, d) / 2**20:,.0f}", f"{seconds * 1e3:.2f}",
+                      f"{x['of_read']:.0%}", f"{rate / 1e9:.1f}", f"{x['of_peak']:.0%}", x["bound"],
+                      f"{x['speedup']:.2f}x"])
+    return table, numbers
+
+
+def sweep_goals(rows, peak, n, num_heads=32):
+    """The sweep's goals as ``[(sentence, met), ...]`` (the first group is the g sweep at ``num_heads``)."""
+    _, numbers = sweep_table(rows, peak, n)
+    first = rows[0][0]
+    t = {x["g"]: x["seconds"] for x in numbers.values() if x["group"] == first}
+    goals = []
+    for g in sorted(t, reverse=True):
+        if 2 * g in t:
+            ratio = t[g] / t[2 * g]
+            goals.append((f"g = {g} takes {ratio:.2f} of the time of g = {2 * g} (goal <= 1.05)", ratio <= 1.05))
+    if num_heads in t and 1 in t and num_heads > 1:
+        speedup = t[num_heads] / t[1]
+        goals.append((f"MQA is {speedup:.2f}x faster than MHA (goal >= 5x; bytes {num_heads}x)", speedup >= 5))
+    of_read = {x["g"]: x["of_read"] for x in numbers.values() if x["group"] == first}
+    if num_heads in of_read:
+        goals.append((f"MHA reads K and V at {of_read[num_heads]:.0%} of the streaming read (goal >= 90%)",
+                      of_read[num_heads] >= 0.90))
+    if 8 in of_read and num_heads > 8:
+        goals.append((f"GQA-8 reads K and V at {of_read[8]:.0%} of the streaming read (goal >= 75%)",
+                      of_read[8] >= 0.75))
+    for row, x in numbers.items():
+        if x["group"] == first or x["g"] == x["h"]:
+            continue
+        if x["bound"] == "memory":
+            goals.append((f"{row}, memory-bound: {x['of_read']:.0%} of the streaming read "
+                          f"(goal >= {GOAL_OF_READ:.0%})", x["of_read"] >= GOAL_OF_READ))
+        else:
+            goals.append((f"{row}, compute-bound: {x['of_peak']:.0%} of the FMA peak "
+                          f"(goal >= {GOAL_OF_PEAK:.0%})", x["of_peak"] >= GOAL_OF_PEAK))
+    return goals
+
+
+def report_sweep(n, repeat, num_heads=32, head_dim=128, real=True):
+    """Run the sweep at the current thread count and print its table and its goals."""
+    import numba
+
+    kv = sweep_kv_heads(num_heads)
+    groups = sweep_groups(num_heads, head_dim, kv, REAL_SHAPES if real else ())
+    rows, peak = run_sweep(groups, n, repeat=repeat)
+    print(f"\nfused_decode sweep: B 1, one query token, cache n {n:,}, fp32, {numba.get_num_threads()} Numba "
+          f"thread(s); caches flushed between calls; best of {repeat} rounds")
+    print(f"multiply-add peak of a Numba loop (benchmarks/fma_peak.py), timed in the same rounds: "
+          f"{peak / 1e9:.1f} GFLOP/s")
+    table, _ = sweep_table(rows, peak, n)
+    print_table(["shape", "H", "g", "d_head", "H/g", "K+V MiB", "ms", "of read", "GFLOP/s", "of FMA peak", "bound",
+                 "speedup vs MHA"], table)
+    print("bound: memory when reading the cache at the streaming rate takes longer than the arithmetic "
+          "at the FMA peak, else compute")
+    for sentence, met in sweep_goals(rows, peak, n, num_heads):
+        print(f"  {'met   ' if met else 'MISSED'} {sentence}")
+    return rows, peak
+
+
 def run_prefill(n=1024, num_heads=8, num_kv_heads=2, head_dim=64, repeat=3):
     """Many queries at once (a prompt): grouped_attention vs the fused SDPA; returns seconds."""
     torch.manual_seed(0)
@@ -333,14 +524,9 @@ def report(n, h, d, kv_heads, repeat, device="cpu"):
         print(f"repeat_kv + SDPA at GQA-8: {times[(rep, 8)] / times[(rep, h)]:.1f}x slower than its MHA, "
               f"{times[(rep, 8)] / times[(ours, 8)]:.1f}x slower than mhalib")
     if (FUSED, h) in times:
-        print(f"fused_decode MHA reads K and V at {times[(READ, h)] / times[(FUSED, h)]:.0%} of the streaming read "
-              f"(goal >= 90%)")
-        if (FUSED, 8) in times and h > 8:
-            print(f"fused_decode GQA-8 reads K and V at {times[(READ, 8)] / times[(FUSED, 8)]:.0%} of the "
-                  f"streaming read (goal >= 75%)")
-            print(f"fused_decode GQA-8 speedup over its MHA: {times[(FUSED, h)] / times[(FUSED, 8)]:.2f}x "
-                  f"(goal >= 3.3x, ideal {h // 8}x); the read's: {times[(READ, h)] / times[(READ, 8)]:.2f}x")
-
+        print(f"fused_decode MHA / mhalib MHA time: {times[(FUSED, h)] / times[(ours, h)]:.2f}; "
+              f"MQA: {times[(FUSED, 1)] / times[(ours, 1)]:.2f} (the sweep above measures the fused kernel "
+              f"over every g)" if (FUSED, 1) in times else "")
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -354,6 +540,10 @@ def main(argv=None):
                         help="time other ways to write the shared-K/V product instead")
     parser.add_argument("--fused-blocks", action="store_true",
                         help="time fused_decode with several key-block sizes instead")
+    parser.add_argument("--no-sweep", action="store_true",
+                        help="leave out the sweep of fused_decode over g and real models' shapes")
+    parser.add_argument("--no-real", action="store_true",
+                        help="sweep g alone, without the real models' shapes (they hold up to 2 GiB of cache)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args(argv)
     h, n, d = args.heads, args.tokens, args.head_dim
@@ -382,8 +572,12 @@ def main(argv=None):
         set_threads(threads)
         if args.fused_blocks:
             report_variants(n, h, d, kv_heads, args.repeat, fns=fused_blocks())
+        elif args.variants:
+            report_variants(n, h, d, kv_heads, args.repeat)
         else:
-            (report_variants if args.variants else report)(n, h, d, kv_heads, args.repeat)
+            if HAVE_NUMBA and not args.no_sweep:
+                report_sweep(n, args.repeat, h, d, real=not args.no_real)
+            report(n, h, d, kv_heads, args.repeat)
     if args.variants or args.fused_blocks:
         return
     ours_p, sdpa_p = run_prefill()

@@ -2,20 +2,24 @@
 
 ``make bench`` is not part of ``make test`` (its numbers need a quiet machine), so these
 tests keep the decode benchmark's methods and variants honest: each must agree with
-SDPA before it is timed, and a wrong one must be refused.
+SDPA before it is timed, and a wrong one must be refused; the multiply-add loop must do
+the arithmetic it is credited with; the sweep's goals must be judged as stated.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_decode  # noqa: E402
+import fma_peak  # noqa: E402
 from tolerance import float_tol
 
 SIZES = dict(num_tokens=256, num_heads=8, head_dim=16, kv_heads=(8, 2, 1), repeat=1)
@@ -110,21 +114,113 @@ def test_reports_print_their_tables(capsys):
     bench_decode.report(256, 8, 16, [8, 2, 1], 1)
     bench_decode.report_variants(2048, 8, 16, [8, 2, 1], 1)  # two blocks of 1,024 keys
     out = capsys.readouterr().out
-    assert "mhalib MHA reads K and V at" in out
-    assert "fused_decode MHA reads K and V at" in out and "fused_decode GQA-8" not in out  # H = 8: no GQA-8
+    assert "mhalib MHA reads K and V at" in out and "mhalib GQA-8" not in out  # H = 8: no GQA-8
+    assert "fused_decode MHA / mhalib MHA time" in out
     assert "read: Numba rows" in out and "read: NumPy sum" in out
     assert "flash-decoding (block softmax + LSE)" in out and "speed vs mhalib" in out
 
 
 def test_main_names_the_processor_the_blas_and_the_compile_time(capsys):
-    bench_decode.main(["--tokens", "64", "--heads", "16", "--head-dim", "8", "--repeat", "1", "--threads", "1"])
+    bench_decode.main(["--tokens", "64", "--heads", "16", "--head-dim", "8", "--repeat", "1", "--threads", "1",
+                       "--no-real"])
     out = capsys.readouterr().out
     assert f"processor: {bench_decode.processor()}" in out and "BLAS: " in out
     assert "first call (compiling the kernels" in out and "kept out of the timings" in out
-    assert "fused_decode GQA-8 reads K and V at" in out and "fused_decode GQA-8 speedup over its MHA" in out
+    sweep = out[out.index("fused_decode sweep"):out.index("\ndecode: ")]
+    assert "1 Numba thread(s)" in sweep and "GFLOP/s" in sweep and "of FMA peak" in sweep
+    assert [line.split()[0] for line in sweep.splitlines() if re.match(r"\s*(MHA|GQA-\d+|MQA)\s", line)] == [
+        "MHA", "GQA-8", "GQA-4", "GQA-2", "MQA"]  # g = 16, 8, 4, 2, 1
+    assert "g = 8 takes" in sweep and "MQA is" in sweep and "GQA-8 reads K and V at" in sweep
+    assert "Falcon" not in sweep  # --no-real
+    assert "mhalib GQA-8 reads K and V at" in out
 
 
 def test_variants_need_whole_blocks_on_the_command_line(capsys):
     with pytest.raises(SystemExit):
         bench_decode.main(["--variants", "--tokens", "1000"])
     assert "--tokens must be a multiple of 1024" in capsys.readouterr().err
+
+
+# The multiply-add peak and the sweep of the fused kernel.
+
+def test_fma_loop_does_the_multiply_adds_it_is_credited_with():
+    # Each worker's 8 sums are reps * sum(a) * x_i: the loop really runs over all of a, reps times.
+    rng = np.random.default_rng(0)
+    a = rng.random(fma_peak.LANES, dtype=np.float32)
+    x = rng.random((2, 8), dtype=np.float32)
+    out = np.empty((2, 8), np.float32)
+    fma_peak.fma_loop()(a, x, 3, out)
+    want = 3 * a.astype(np.float64).sum() * x.astype(np.float64)
+    np.testing.assert_allclose(out, want, **float_tol(np.float32, 3 * fma_peak.LANES, scale=float(want.max())))
+    assert fma_peak.flops(2, 3) == 2 * 8 * fma_peak.LANES * 3 * 2
+    assert fma_peak.peak(1, rounds=2, reps=10) > 0
+
+
+def test_real_shapes_are_the_published_ones():
+    # d_head is hidden_size / num_attention_heads of the configuration each source names, g divides H,
+    # and the two models the course's table also holds agree with it.
+    from mhalib.kv_cache import MODEL_CONFIGS
+
+    for name, h, g, d, source in bench_decode.REAL_SHAPES:
+        hidden = int(re.search(r"hidden_size (\d+)", source).group(1))
+        assert hidden == h * d and h % g == 0, name
+        assert "config.json" in source and f" {h}," in source, name
+        if name in MODEL_CONFIGS:
+            cfg = MODEL_CONFIGS[name]
+            assert (cfg["num_heads"], cfg["num_kv_heads"], cfg["head_dim"]) == (h, g, d), name
+    ratios = {h // g for _, h, g, _, _ in bench_decode.REAL_SHAPES}
+    assert ratios == {7, 5, 8, 16, 71}  # none of them a power of two below 8, two not a power of two at all
+
+
+def test_sweep_groups_put_each_models_mha_first():
+    groups = bench_decode.sweep_groups()
+    assert groups[0][1] == [(bench_decode.label(g, 32), 32, g, 128) for g in (32, 16, 8, 4, 2, 1)]
+    for (name, shapes), (real, h, g, d, _) in zip(groups[1:], bench_decode.REAL_SHAPES):
+        assert name == real
+        assert shapes == [(f"{real} as MHA", h, h, d), (f"{real} ({bench_decode.label(g, h)})", h, g, d)]
+
+
+def test_run_sweep_times_every_shape_against_its_read_and_the_peak():
+    groups = bench_decode.sweep_groups(8, 16, (8, 4, 2, 1))  # the real shapes too, at n = 64
+    rows, peak = bench_decode.run_sweep(groups, num_tokens=64, repeat=1)
+    assert [row for _, row, *_ in rows] == [row for _, shapes in groups for row, *_ in shapes]
+    assert all(seconds > 0 and read > 0 for *_, seconds, read in rows) and peak > 0
+    table, numbers = bench_decode.sweep_table(rows, peak, 64)
+    assert len(table) == len(rows) and numbers["MHA"]["speedup"] == 1.0
+    falcon = numbers["Falcon-7B (MQA)"]
+    assert falcon["rate"] == bench_decode.decode_flops(71, 64, 64) / falcon["seconds"]
+
+
+def test_run_sweep_refuses_a_kernel_that_disagrees_with_sdpa(monkeypatch):
+    from mhalib import fused_decode as fd
+
+    monkeypatch.setattr(fd, "fused_decode", lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, enable_gqa=True, scale=1.0))  # forgets the 1 / sqrt(d) scale
+    with pytest.raises(AssertionError, match="H 8, g 2, d 16"):
+        bench_decode.run_sweep([("H = 8", [("GQA-2", 8, 2, 16)])], num_tokens=64, repeat=1)
+
+
+def _rows(times, reads, n=1024, d=128, h=32, extra=()):
+    """Sweep rows from times and reads by g, at H = 32, plus ``extra`` rows (group, row, h, g, d, s, read)."""
+    return [("H = 32", bench_decode.label(g, h), h, g, d, times[g], reads[g]) for g in times] + list(extra)
+
+
+def test_sweep_goals_are_judged_as_stated():
+    n, d = 1024, 128
+    times = {32: 10.0, 16: 5.0, 8: 2.5, 4: 2.0, 2: 2.09, 1: 2.2}  # g = 1: 1.05x of g = 2 (missed: 2.2 / 2.09 > 1.05)
+    reads = {32: 9.0, 16: 4.5, 8: 2.0, 4: 1.0, 2: 0.5, 1: 0.25}
+    peak = bench_decode.decode_flops(32, n, d) / 0.5  # the arithmetic of every H = 32 row takes 0.5 at the peak
+    # A real shape that is compute-bound (read 0.1 < arithmetic 1.0 at the peak) at 1.0 / 2.25 = 44% of the peak,
+    # and one that is memory-bound (read 3.0 > arithmetic 0.25 at the peak) at 3.0 / 4.5 = 67% of the read.
+    heavy = [("X", "X as MHA", 128, 128, 64, 20.0, 18.0), ("X", "X (GQA-8)", 128, 8, 64, 2.25, 0.1)]
+    light = [("Y", "Y as MHA", 16, 16, 128, 8.0, 7.0), ("Y", "Y (GQA-4)", 16, 4, 128, 4.5, 3.0)]
+    goals = dict(bench_decode.sweep_goals(_rows(times, reads, n, d, extra=heavy + light), peak, n))
+    assert goals["g = 16 takes 0.50 of the time of g = 32 (goal <= 1.05)"]
+    assert goals["g = 2 takes 1.04 of the time of g = 4 (goal <= 1.05)"]
+    assert not goals["g = 1 takes 1.05 of the time of g = 2 (goal <= 1.05)"]
+    assert not goals["MQA is 4.55x faster than MHA (goal >= 5x; bytes 32x)"]
+    assert goals["MHA reads K and V at 90% of the streaming read (goal >= 90%)"]
+    assert goals["GQA-8 reads K and V at 80% of the streaming read (goal >= 75%)"]
+    assert goals["X (GQA-8), compute-bound: 44% of the FMA peak (goal >= 40%)"]
+    assert not goals["Y (GQA-4), memory-bound: 67% of the streaming read (goal >= 75%)"]
+    assert len(goals) == 5 + 1 + 2 + 2  # no goal for a model's MHA row

@@ -1,10 +1,14 @@
 """The fused decode kernel (mhalib.fused_decode) against PyTorch's SDPA with enable_gqa.
 
-No timing is asserted here: speed is for benchmarks/bench_decode.py.
+Every group size H/g the kernel may meet (each path of its register blocks: four queries at a
+time, the one-query remainder, both), caches of odd lengths that end inside a tile, and
+batches of several sequences; its exponential and its power of two against float64. No
+timing is asserted here: speed is for benchmarks/bench_decode.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 import sys
@@ -17,10 +21,15 @@ import torch.nn.functional as F
 pytest.importorskip("numba")
 
 from mhalib import fused_decode as fd  # noqa: E402
-from mhalib.fused_decode import KEY_BLOCK, fused_decode  # noqa: E402
+from mhalib.fused_decode import KEY_BLOCK, TILE, fused_decode  # noqa: E402
 from tolerance import float_tol
 
 H, D = 8, 16
+#: (H, g, d_head): the benchmark's sweep at H = 32, real models' shapes (Qwen2-7B, Qwen2.5-14B,
+#: Llama-2-70B, Falcon-40B, Falcon-7B) and every remainder of H/g modulo 4 on its own.
+SHAPES = ([(32, g, 128) for g in (32, 16, 8, 4, 2, 1)]
+          + [(28, 4, 128), (40, 8, 128), (64, 8, 128), (128, 8, 64), (71, 1, 64)]
+          + [(2, 1, 16), (3, 1, 16), (6, 1, 16), (7, 1, 16), (9, 1, 16), (13, 1, 16)])
 
 
 def inputs(batch, g, n, seed=0, h=H, d=D):
@@ -31,7 +40,7 @@ def inputs(batch, g, n, seed=0, h=H, d=D):
     return q, k, v
 
 
-@pytest.mark.parametrize("g", [8, 4, 1], ids=["MHA", "GQA-2", "MQA"])
+@pytest.mark.parametrize("g", [8, 4, 2, 1], ids=["MHA", "GQA-4", "GQA-2", "MQA"])
 @pytest.mark.parametrize("n", [1, 7, KEY_BLOCK, KEY_BLOCK + 1, 5000])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_fused_decode_equals_sdpa_enable_gqa(g, n, batch):
@@ -42,12 +51,98 @@ def test_fused_decode_equals_sdpa_enable_gqa(g, n, batch):
     torch.testing.assert_close(got, want, **float_tol(torch.float32, D + 2 * n))
 
 
-@pytest.mark.parametrize("n", [1, 7, 64, 65, 3000])
-def test_fused_decode_gqa_8_at_head_dim_128_equals_sdpa(n):
-    # H = 32 query heads over g = 8 K/V heads (4 queries each), the benchmark's head_dim
-    q, k, v = inputs(2, 8, n, seed=n, h=32, d=128)
+@pytest.mark.parametrize("h, g, d", SHAPES, ids=[f"H{h}-g{g}-d{d}" for h, g, d in SHAPES])
+@pytest.mark.parametrize("n", [1, 3, TILE + 5, 2 * KEY_BLOCK + 37])
+def test_every_group_size_equals_sdpa(h, g, d, n):
+    # Two sequences; a cache that ends inside a tile, inside a group of four keys, after one key.
+    q, k, v = inputs(2, g, n, seed=h + g + n, h=h, d=d)
     want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    torch.testing.assert_close(fused_decode(q, k, v, block=64), want, **float_tol(torch.float32, 128 + 2 * n))
+    got = fused_decode(q, k, v)
+    assert got.shape == (2, h, 1, d)
+    torch.testing.assert_close(got, want, **float_tol(torch.float32, d + 2 * n))
+
+
+@pytest.mark.parametrize("n", list(range(TILE - 3, TILE + 5)) + [2 * TILE + 1, 2 * TILE + 2, 2 * TILE + 3])
+@pytest.mark.parametrize("h", [5, 7])
+def test_tiles_that_are_not_whole_groups_of_keys(n, h):
+    # Pairs of keys in the scores, fours in the values: every tail of a tile, with both query paths.
+    q, k, v = inputs(3, 1, n, seed=n, h=h)
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(fused_decode(q, k, v, block=2 * TILE), want, **float_tol(torch.float32, D + 2 * n))
+
+
+@pytest.mark.parametrize("direction", [1.0, -1.0])
+def test_a_running_maximum_that_moves_in_every_tile(direction):
+    # Scores that grow along the cache make every tile rescale what it summed before; scores
+    # that fall make none do so. Both must give the softmax over all keys.
+    n, d = 5 * TILE + 3, 16
+    q = torch.zeros(2, 8, 1, d)
+    q[..., 0] = 4.0  # times 1 / sqrt(16): the score of key t is k[t, 0]
+    k = torch.randn(2, 2, n, d)
+    k[..., 0] = direction * torch.linspace(-30.0, 30.0, n)
+    v = torch.randn(2, 2, n, d)
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(fused_decode(q, k, v, block=2 * TILE), want, **float_tol(torch.float32, d + 2 * n))
+
+
+@contextlib.contextmanager
+def plain_python():
+    """Bind the kernel's helpers (and prange) to their plain Python versions, then back to the compiled ones."""
+    fd.compile_kernels()
+    saved = {name: getattr(fd, name) for name in fd.PLAIN_PYTHON}
+    try:
+        for name, plain in fd.PLAIN_PYTHON.items():
+            setattr(fd, name, plain)
+        yield
+    finally:
+        for name, compiled in saved.items():
+            setattr(fd, name, compiled)
+
+
+def _compiled_loop(fn):
+    """An njit loop applying ``fn`` (a compiled helper of the kernel) to every element of an array."""
+    import numba
+
+    @numba.njit(fastmath=True)
+    def loop(x, out):
+        for i in range(x.shape[0]):
+            out[i] = fn(x[i])
+
+    return loop
+
+
+def test_two_or_three_queries_left_over_are_padded_to_a_block_of_four():
+    assert [fd.padded_group(r) for r in range(1, 10)] == [1, 4, 4, 4, 5, 8, 8, 8, 9]
+    assert [fd.padded_group(r) for r in (16, 32, 71)] == [16, 32, 72]
+
+
+def test_exp_neg_is_within_two_units_in_the_last_place():
+    fd.compile_kernels()
+    x = -np.concatenate([np.linspace(0.0, 87.0, 200_001), np.geomspace(1e-8, 1.0, 1001)]).astype(np.float32)
+    want = np.exp(x.astype(np.float64))
+    eps = float(np.finfo(np.float32).eps)  # one unit in the last place of a float32 in [1, 2)
+    got = np.empty_like(x)
+    _compiled_loop(fd.exp_neg)(x, got)
+    assert np.max(np.abs(got - want) / want) <= 2 * eps
+    with plain_python():  # the same source, in Python
+        plain = np.array([fd.exp_neg(value) for value in x[::997]], np.float32)
+    assert np.max(np.abs(plain - want[::997]) / want[::997]) <= 2 * eps
+    # Below -87 it stays at e ** -87: no underflow to a subnormal, no garbage from the bits of 2 ** k.
+    low = np.array([-87.0, -88.0, -200.0, -3.0e38], np.float32)
+    out = np.empty_like(low)
+    _compiled_loop(fd.exp_neg)(low, out)
+    assert np.all(out == out[0]) and abs(out[0] / np.exp(-87.0) - 1) <= 2 * eps
+
+
+def test_pow2_builds_every_normal_power_of_two_from_its_bits():
+    fd.compile_kernels()
+    k = np.arange(-126, 128, dtype=np.int32)
+    want = np.ldexp(np.float32(1.0), k)
+    got = np.empty(k.shape, np.float32)
+    _compiled_loop(fd.pow2)(k, got)
+    assert np.array_equal(got, want)
+    with plain_python():
+        assert all(fd.pow2(kk) == w for kk, w in zip(k, want))
 
 
 @pytest.mark.parametrize("block", [1, 3, 64, 10_000])
@@ -111,22 +206,19 @@ def test_fused_decode_with_a_cache_view_and_two_threads():
 
 
 def test_plain_python_kernel_equals_the_compiled_one():
-    # The same source runs without Numba (prange = range there): slow, and the same numbers.
-    q, k, v = inputs(1, 2, 10)
-    b, h, _, d = q.shape
-    qg = (q / math.sqrt(d)).reshape(1, 2, 4, d).numpy()  # (B, g, R, d)
-    m = np.empty((1, 2, 3, 4), np.float32)
-    l, acc, out = np.empty_like(m), np.empty((1, 2, 3, 4, d), np.float32), np.empty((1, 2, 4, d), np.float32)
-    fd.compile_kernels()
-    saved = fd.prange, fd.prefetch, fd.weigh  # the names compile_kernels rebinds to Numba's
-    try:
-        fd.prange, fd.prefetch, fd.weigh = range, fd.python_prefetch, fd.python_weigh
-        fd.block_partials(qg, k.numpy(), v.numpy(), 4, m, l, acc)
+    # The same source runs without Numba (prange = range, no prefetch, Python helpers): slow,
+    # and the same numbers. H/g = 7 takes both query paths; 37 keys end inside a tile.
+    q, k, v = inputs(1, 2, 37, h=14, d=8)
+    d, rep = 8, 7
+    qg = (q / math.sqrt(d)).reshape(1, 2, rep, d).numpy()  # (B, g, R, d)
+    m = np.empty((1, 2, 2, rep), np.float32)
+    l, acc, out = np.empty_like(m), np.empty((1, 2, 2, rep, d), np.float32), np.empty((1, 2, rep, d), np.float32)
+    with plain_python():
+        fd.block_partials(qg, k.numpy(), v.numpy(), 32, m, l, acc)
         fd.merge_blocks(m, l, acc, out)
-    finally:
-        fd.prange, fd.prefetch, fd.weigh = saved
+    assert fd.score_tile is not fd.PLAIN_PYTHON["score_tile"]  # the compiled helpers are back
     want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    torch.testing.assert_close(torch.from_numpy(out).view(1, 8, 1, d), want, **float_tol(torch.float32, d + 2 * 10))
+    torch.testing.assert_close(torch.from_numpy(out).view(1, 14, 1, d), want, **float_tol(torch.float32, d + 2 * 37))
 
 
 @pytest.mark.parametrize("bad, match", [
