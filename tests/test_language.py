@@ -432,12 +432,9 @@ def test_the_top_scoring_heads_are_in_layer_1(shipped):
 # --- the claims notebook 05 makes about the five shipped seeds, on fresh probe items ------
 
 
-NOTEBOOK_05_SEEDS = SHIPPED_SEEDS[:5]  # the five seeds notebook 05 counts over (seeds 5-9 ship too)
-
-
 @pytest.fixture(scope="module")
 def seeds():
-    return {seed: load_language_model(seed=seed) for seed in NOTEBOOK_05_SEEDS}
+    return {seed: load_language_model(seed=seed) for seed in SHIPPED_SEEDS}
 
 
 def first_noun_rule(probes):
@@ -619,40 +616,24 @@ def test_every_seed_passes_per_number_the_control_and_the_held_out_constructions
                 assert probe_accuracy(model, held) >= 0.75, (seed, kind, construction)
 
 
-def test_in_every_seed_a_layer_1_head_is_needed_for_plural_and_a_layer_0_head_for_attractors(seeds):
-    probes = make_probe_set("agreement", 300, TEST_SEED)
-    control = make_probe_set("agreement", 150, TEST_SEED, constructions=CONTROL["agreement"])
-    layer_0_needed = 0
-    for seed, model in seeds.items():
-        plural = []
-        for head in range(model.num_heads):
-            right = probe_margins(model, probes, [(1, head)]) > 0
-            plural.append((right[probes.answers == "pl"].mean(), right[probes.answers == "sg"].mean()))
-        assert any(pl < 0.75 and sg >= 0.9 for pl, sg in plural), (seed, plural)
-        costs = [probe_accuracy(model, probes) - probe_accuracy(model, probes, [(0, h)]) for h in range(4)]
-        worst = int(np.argmax(costs))
-        layer_0_needed += costs[worst] >= 0.25 and probe_accuracy(model, control, [(0, worst)]) >= 0.98
-    assert layer_0_needed >= 4  # notebook 05: 4 of 5 seeds
-
-
-def test_patching_the_number_carrier_flips_the_verb_in_every_seed(seeds):
+def test_patching_carries_the_number_through_layer_1_in_every_seed(seeds):
+    """The twin run flips every verb and no patch of a layer-0 head does, in all ten seeds; one layer-1 head
+    flips half of them or more in 9 of 10 (notebook 05, section 7; the tenth, seed 5, flips just under half),
+    so at least 8 of 10 on these other items."""
     probes = make_probe_set("agreement", 200, TEST_SEED)
+    carriers = 0
     for seed, model in seeds.items():
         flips = number_patching(model, probes)
         assert flips["none"] <= 0.02 and flips["all"] >= 0.98, (seed, flips)
-        assert max(flips[(1, h)] for h in range(4)) >= 0.5, (seed, flips)
         assert max(flips[(0, h)] for h in range(4)) <= 0.05, (seed, flips)
+        assert max(flips[(1, h)] for h in range(4)) >= 0.4, (seed, flips)
+        carriers += max(flips[(1, h)] for h in range(4)) >= 0.5
+    assert carriers >= 8
 
 
-def test_the_layer_0_head_acts_little_through_where_layer_1_looks(seeds):
-    probes = make_probe_set("agreement", 200, TEST_SEED)
-    for seed, model in seeds.items():
-        costs = [probe_accuracy(model, probes) - probe_accuracy(model, probes, [(0, h)]) for h in range(4)]
-        upstream = (0, int(np.argmax(costs)))
-        paths = path_patching(model, probes, upstream, [(1, h) for h in range(4)])
-        full = paths["intact"]["accuracy"] - paths["ablated"]["accuracy"]
-        query_key = paths["intact"]["accuracy"] - paths["query/key path"]["accuracy"]
-        assert full >= 0.25 and query_key < full / 3, (seed, paths)
+# The claims that hold in fewer than all ten seeds (which head costs most, the paths of the layer-0 head,
+# the plural fall-back under each ablation) are counted, and counted again on fresh items, in
+# tests/test_language_claims.py.
 
 
 def test_the_shipped_sweeps_have_the_seeds_the_notebook_counts_over():
@@ -682,7 +663,8 @@ def test_the_shipped_sweeps_have_the_seeds_the_notebook_counts_over():
 
 
 def test_notebook_05_counts_claims_over_the_seeds_it_ships():
-    """Every "N of 5 seeds" in notebook 05's prose is a count its code prints."""
+    """Every "N of M seeds" in notebook 05's prose is a count its code prints, over the ten shipped seeds
+    (five for the dropout variant, three per H in the H sweep)."""
     import json
     import re
     from pathlib import Path
@@ -691,11 +673,12 @@ def test_notebook_05_counts_claims_over_the_seeds_it_ships():
     text = lambda x: "".join(x) if isinstance(x, list) else x  # noqa: E731  (stored as a string or a list of lines)
     prose = " ".join(text(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     printed = " ".join(text(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"])
-    claims = re.findall(r"in (\d) of (\d) seeds", prose, flags=re.IGNORECASE)
-    assert len(claims) >= 5
+    claims = re.findall(r"(\d+) of (\d+) seeds", re.sub(r"\s+", " ", prose), flags=re.IGNORECASE)
+    assert len(claims) >= 10
     for n, m in claims:
-        assert int(m) in (len(NOTEBOOK_05_SEEDS), 3), "claims count over the 5 seeds (3 per H in the H sweep)"
+        assert int(m) in (len(SHIPPED_SEEDS), 5, 3), "claims count over the 10 shipped seeds (5 with dropout, 3 per H)"
         assert f"{n} of {m} seeds" in printed, f"the prose counts {n} of {m} seeds, but no cell prints that count"
+    assert len(SHIPPED_SEEDS) == 10
 
 
 # --- clear errors --------------------------------------------------------------------

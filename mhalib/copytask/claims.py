@@ -236,12 +236,12 @@ def _untrained_view(m):
 
 def _status(by):
     """``"finding"`` (at least :data:`FINDING` of the seeds under every ablation, and more than the null
-    gives: P <= 0.05), ``"no more than its null"`` (as often, but the null passes about as often) or
+    gives: P <= 0.05), ``"not above its null"`` (as often, but not clearly more often than the null: P > 0.05) or
     ``"tendency"`` (fewer seeds)."""
     if not all(v["count"] >= FINDING for v in by.values()):
         return "tendency"
     above = all(v["tail"] == "at least" and v["p_value"] <= 0.05 for v in by.values())
-    return "finding" if above else "no more than its null"
+    return "finding" if above else "not above its null"
 
 
 def count_claims(seeds, untrained, claims=CLAIMS):

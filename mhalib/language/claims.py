@@ -18,7 +18,7 @@ keeps notebook 05 honest in four ways:
   (:func:`mhalib.interpret.count_null`);
 * :data:`FINDING`: a claim that holds in at least 8 of 10 seeds under every ablation it is
   tested in, more often than its null, is stated as a finding; fewer, as a tendency; as
-  often, but no more often than the null, as "no more than its null".
+  often, but not clearly more often than the null (P > 0.05), as "not above its null".
 
 ``python -m mhalib.language claims`` measures the ten shipped seeds and ten untrained
 models and writes ``mhalib/data/language_claims.json``; notebook 05 reads it, and
@@ -235,11 +235,11 @@ CLAIMS = [
     Claim("inner verb", "the verb inside a relative clause (no first-noun rule decides it) >= 0.95",
           lambda m, how: m["probes"]["verb inside a relative clause"]["accuracy"] >= 0.95,
           "untrained", "untrained models", section="3"),
-    Claim("centre", "a relative clause inside a relative clause (no shallow rule decides it): at most 0.7",
-          lambda m, how: m["probes"]["held-out: relative clause inside a relative clause"]["accuracy"] <= 0.7,
+    Claim("centre", "a relative clause inside a relative clause (no shallow rule decides it): at most 0.75",
+          lambda m, how: m["probes"]["held-out: relative clause inside a relative clause"]["accuracy"] <= 0.75,
           "untrained", "untrained models", section="3"),
-    Claim("adverb", "an adverb between subject and verb: plural subjects below 0.5",
-          lambda m, how: m["probes"]["held-out: adverb before the verb"]["answer pl"]["accuracy"] < 0.5,
+    Claim("adverb", "an adverb between subject and verb: plural subjects at 0.25 or below (the model answers "
+          "singular)", lambda m, how: m["probes"]["held-out: adverb before the verb"]["answer pl"]["accuracy"] <= 0.25,
           "untrained", "untrained models", section="3"),
     Claim("attraction", "an attractor of the other number lowers the margin (against one of the same number)",
           lambda m, how: m["probes"]["agreement"]["margin"] < m["probes"]["agreement, attractor of the same number"][
@@ -304,12 +304,12 @@ CLAIMS = [
 
 def _status(by):
     """``"finding"`` (at least :data:`FINDING` of the seeds under every ablation, and more than the null
-    gives: P <= 0.05), ``"no more than its null"`` (as often, but the null passes about as often) or
+    gives: P <= 0.05), ``"not above its null"`` (as often, but not clearly more often than the null: P > 0.05) or
     ``"tendency"`` (fewer seeds)."""
     if not all(v["count"] >= FINDING for v in by.values()):
         return "tendency"
     above = all(v["tail"] == "at least" and v["p_value"] <= 0.05 for v in by.values())
-    return "finding" if above else "no more than its null"
+    return "finding" if above else "not above its null"
 
 
 def count_claims(trained, untrained, claims=CLAIMS):
