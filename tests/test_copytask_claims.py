@@ -122,3 +122,10 @@ def test_uptraining_covers_ten_seeds_and_starts_from_their_weights(uptraining):
             assert sorted(map(int, c)) == uptraining["uptrain"]["eval_at"]
             assert c["0"] == pytest.approx(run["at start"][key]["loss"], abs=1e-6)  # stored to 6 digits
         assert len(run["pairs"]) == 12
+
+
+def test_bad_seeds_and_settings_are_refused_with_what_is_allowed():
+    with pytest.raises(ValueError, match=r"seed 10 does not ship; the shipped seeds are \(0, 1"):
+        seed_path(10)
+    with pytest.raises(ValueError, match=r"unknown settings \['probe_sed'\]; allowed: \["):
+        measure_seed(new_model(0), probe_sed=3)

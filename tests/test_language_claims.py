@@ -94,3 +94,13 @@ def test_counts_come_with_the_chance_of_their_null():
     assert layer["p_value"] == pytest.approx(11 / 1024) and counts["costliest in layer 0"]["finding"]
     cost = counts["layer-0 cost"]["by"]["mean"]
     assert cost["count"] == 9 and cost["p_null"] == 0.0 and cost["p_value"] == 0.0
+
+
+def test_the_commands_refuse_seeds_that_do_not_ship(capsys):
+    from mhalib.language.__main__ import main
+    from mhalib.language.model import shipped_path
+
+    with pytest.raises(SystemExit, match=r"--seeds takes seeds of \(1, 2, 3, 4, 5, 6, 7, 8, 9\).*got \[12\]"):
+        main(["seeds", "--seeds", "12"])
+    with pytest.raises(ValueError, match=r"seed 10 does not ship; the shipped seeds are \(0, 1, 2"):
+        shipped_path(10)

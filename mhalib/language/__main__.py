@@ -1,6 +1,6 @@
 """Train the language model of notebook 05 and the runs it compares against.
 
-Usage (from the repository root; each model trains in about 2 minutes on one CPU thread)::
+Usage (from the repository root; each model trains in about 3 minutes on one CPU thread)::
 
     python -m mhalib.language train    # seed 0 of the recipe -> mhalib/data/language_model.pt/.json
     python -m mhalib.language seeds    # seeds 1-9 of the recipe -> mhalib/data/language_model_seed{1..9}.pt/.json
@@ -10,6 +10,7 @@ Usage (from the repository root; each model trains in about 2 minutes on one CPU
     python -m mhalib.language measure  # measure the shipped models again (no training)
     python -m mhalib.language claims   # notebook 05's claims on the ten seeds and ten untrained models
                                        #   -> mhalib/data/language_claims.json (no training)
+    python -m mhalib.language claims --recount   # count them again on the stored measurements
     python -m mhalib.language check    # train seed 0 again and compare with the shipped numbers
     python -m mhalib.language all      # train, seeds, heads, variants, claims
 

@@ -17,7 +17,16 @@ not count.
   constructions ``"initial"`` (the next sentence's subject), ``"because"`` (notebook
   01's sentence in this grammar), ``"fused"`` (a verb carrying its object pronoun).
 
-:class:`Bigram` is the baseline: the next word from the previous word alone.
+Probe sets for other questions, by construction name (:func:`make_probe_set`'s ``constructions``):
+:data:`CONTROL` (no attractor), :data:`HELD_OUT` (two phrases: never in the training text),
+:data:`SAME_NUMBER` (an attractor of the subject's own number: with the default's other-number
+attractors they measure attraction, split by :func:`attractor_matches`), :data:`STRUCTURE` (the
+verb inside a relative clause, and inside a clause within a clause: the first noun outside
+phrases does not decide them) and :data:`ADVERB` (an adverb before the verb: held out).
+
+Baselines that use no syntax: :class:`Bigram` (the next word from the previous word),
+:class:`NGram` (from the previous n - 1 words, with back-off) and :func:`shallow_baselines`
+(first noun, first noun outside phrases, nearest noun, majority class).
 """
 
 from __future__ import annotations
