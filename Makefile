@@ -130,7 +130,7 @@ define stage
 endef
 UNIT := $(PYTEST) tests --ignore=tests/browser -n 2
 
-# About 10 minutes on 2 cores once .venv exists. The unit stage grades submissions under
+# The README gives measured stage times. The unit stage grades submissions under
 # bubblewrap on Linux (apt-get install bubblewrap; without it those tests are skipped,
 # and fail under CI); the network stage needs the package index; the browser stage Chromium.
 test: $(STAMP)
@@ -144,7 +144,7 @@ test: $(STAMP)
 	$(call stage,browser,$(MAKE) --no-print-directory axe && $(PYTEST) tests/browser -p no:cacheprovider)
 	@echo "==> make test passed in $$(( $$(date +%s) - $$(cat $(VENV)/.test-start) )) s"
 
-# The unit tests alone, in the .venv that is there (never rebuilt): a minute or two.
+# The unit tests alone, in the .venv that is there (never rebuilt): 2 to 10 minutes on 2 cores.
 unit:
 	@test -x $(PY) || { echo "make unit: no $(VENV) yet; run make test (or make lab) once first" >&2; exit 2; }
 	$(UNIT) -m "not network and not under_load"
