@@ -52,6 +52,7 @@ __all__ = [
     "ABLATIONS",
     "ablation_kwargs",
     "count_null",
+    "claim_status",
 ]
 
 
@@ -388,6 +389,17 @@ def ablation_kwargs(heads, how, batch_size, length, reference_z=None, *, seed=0)
     draw = np.random.default_rng(seed).integers(reference_z.shape[0], size=batch_size)  # (B,)
     idx = _tokens_tensor(draw)
     return {"replace_z": {(l, h): reference_z[idx, l, h, :length] for l, h in heads}}
+
+
+def claim_status(by, finding):
+    """The verdict on a claim counted over seeds under each ablation (``by``: ablation -> a dict with
+    ``count``, ``tail`` and ``p_value``, as :func:`count_null` gives): ``"finding"`` when it holds in at
+    least ``finding`` seeds under every ablation and more often than its null (P <= 0.05), ``"not above
+    its null"`` when it holds that often but not clearly more often than chance, else ``"tendency"``."""
+    if not all(v["count"] >= finding for v in by.values()):
+        return "tendency"
+    above = all(v["tail"] == "at least" and v["p_value"] <= 0.05 for v in by.values())
+    return "finding" if above else "not above its null"
 
 
 def count_null(count, total, p, tail="at least"):

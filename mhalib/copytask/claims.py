@@ -27,8 +27,8 @@ import numpy as np
 
 from mhalib.copytask.tasks import distinct_tokens, fixed_offset_task, make_generator, variable_offset_task
 from mhalib.copytask.training import evaluate
-from mhalib.interpret import (ABLATIONS, ablation_kwargs, attention_weights, count_null, head_scores, offset_score,
-                              record_heads)
+from mhalib.interpret import (ABLATIONS, ablation_kwargs, attention_weights, claim_status, count_null, head_scores,
+                              offset_score, record_heads)
 
 __all__ = ["MEASURE", "measure_seed", "curve_facts", "Claim", "CLAIMS", "FINDING", "count_claims", "uniform_seen"]
 
@@ -235,13 +235,8 @@ def _untrained_view(m):
 
 
 def _status(by):
-    """``"finding"`` (at least :data:`FINDING` of the seeds under every ablation, and more than the null
-    gives: P <= 0.05), ``"not above its null"`` (as often, but not clearly more often than the null: P > 0.05) or
-    ``"tendency"`` (fewer seeds)."""
-    if not all(v["count"] >= FINDING for v in by.values()):
-        return "tendency"
-    above = all(v["tail"] == "at least" and v["p_value"] <= 0.05 for v in by.values())
-    return "finding" if above else "not above its null"
+    """A claim's verdict under every ablation it was counted in (:func:`mhalib.interpret.claim_status`)."""
+    return claim_status(by, FINDING)
 
 
 def count_claims(seeds, untrained, claims=CLAIMS):

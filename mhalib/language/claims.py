@@ -32,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 
-from mhalib.interpret import ABLATIONS, ablation_kwargs, count_null, record_heads
+from mhalib.interpret import ABLATIONS, ablation_kwargs, claim_status, count_null, record_heads
 from mhalib.language.grammar import sample_sequences
 from mhalib.language.heads import grammar_head_scores, number_patching, path_patching
 from mhalib.language.probes import (ADVERB, CONTROL, HELD_OUT, SAME_NUMBER, STRUCTURE, attractor_matches,
@@ -303,13 +303,8 @@ CLAIMS = [
 
 
 def _status(by):
-    """``"finding"`` (at least :data:`FINDING` of the seeds under every ablation, and more than the null
-    gives: P <= 0.05), ``"not above its null"`` (as often, but not clearly more often than the null: P > 0.05) or
-    ``"tendency"`` (fewer seeds)."""
-    if not all(v["count"] >= FINDING for v in by.values()):
-        return "tendency"
-    above = all(v["tail"] == "at least" and v["p_value"] <= 0.05 for v in by.values())
-    return "finding" if above else "not above its null"
+    """A claim's verdict under every ablation it was counted in (:func:`mhalib.interpret.claim_status`)."""
+    return claim_status(by, FINDING)
 
 
 def count_claims(trained, untrained, claims=CLAIMS):
