@@ -340,9 +340,8 @@ def run_sweep(groups, num_tokens=32_768, repeat=9, warmup=1):
     Each group's shapes are timed in interleaved rounds (one call of each per round, the
     caches flushed before each call), so that a change in the machine's load moves them
     together; each round also times the multiply-add loop of ``fma_peak`` once, at the same
-    thread count. Every shape is first checked against SDPA with ``enable_gqa``. The caches
-    of all shapes are views into one random buffer (their reads may overlap: the flush
-    between calls keeps any of them from being served from the processor's caches).
+    thread count. Every shape is first checked against SDPA with ``enable_gqa``. K and V are
+    separate tensors, as a KV cache holds them (one group's at a time in memory).
 
     Returns:
         ``(rows, peak)``: rows ``(group, row label, H, g, d_head, seconds, read seconds)``, each
@@ -354,8 +353,6 @@ def run_sweep(groups, num_tokens=32_768, repeat=9, warmup=1):
     fma_call, fma_work = fma_peak.make_timed(numba.get_num_threads())
     flush = make_flush()
     torch.manual_seed(0)
-    largest = max(g * num_tokens * d for _, shapes in groups for _, _, g, d in shapes)
-    buf = torch.randn(2 * largest)  # K and V of every shape are views into it
     reads = {NUMPY_READ: lambda q, k, v: (k.sum(), v.sum()),
              NUMBA_READ: lambda q, k, v: fused_decode.streaming_read(k, v)}
     fns = {FUSED: lambda q, k, v: fused_decode.fused_decode(q, k, v), **reads}
@@ -363,9 +360,8 @@ def run_sweep(groups, num_tokens=32_768, repeat=9, warmup=1):
     for group, shapes in groups:
         caches = []
         for _, h, g, d in shapes:
-            size = g * num_tokens * d
-            k, v = buf[:size].view(1, g, num_tokens, d), buf[size:2 * size].view(1, g, num_tokens, d)  # (1, g, n, d)
             q = torch.randn(1, h, 1, d)  # (1, H, 1, d): one new token
+            k, v = torch.randn(1, g, num_tokens, d), torch.randn(1, g, num_tokens, d)  # (1, g, n, d) each
             torch.testing.assert_close(fns[FUSED](q, k, v), F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
                                        atol=1e-4, rtol=1e-4, msg=lambda m, h=h, g=g, d=d: f"H {h}, g {g}, d {d}: {m}")
             caches.append((q, k, v))
