@@ -271,6 +271,17 @@ ALT: dict[str, dict[str, list[str]]] = {
             "a point at 4k tokens labelled 512 MiB."],
     },
     "notebooks/07_mqa_gqa.ipynb": {
+        "fc9e8313": [
+            "Log-log roofline chart: arithmetic intensity from 0.25 to 1,000 FLOP per byte of K and V "
+            "on the horizontal axis, fraction of the multiply-add peak from 0.001 to 1 on the vertical."
+            " A solid black roof for this CPU on one thread rises with slope 1 and turns flat at its "
+            "ridge point, a few FLOP per byte; two gray roofs, dashed for the A100 and dotted for the "
+            "H100 (published figures), turn flat only at 153 and 295 FLOP per byte. Blue circles mark "
+            "the fused kernel at H = 32 for MHA (0.5 FLOP per byte), GQA-16, GQA-8, GQA-4, GQA-2 and "
+            "MQA (16 FLOP per byte), each labelled, the MHA point near the CPU's sloped roof and the "
+            "MQA point under its flat part; orange squares mark five released models' shapes, from 2.5 "
+            "to 35.5 FLOP per byte (Falcon-7B labelled, the rightmost). Where each point lies depends "
+            "on the machine that ran the notebook."],
         "9e85b58a": [
             "Still of the GQA explorer at H = 8, g = 2. Top: eight query-head boxes q0 to q7 above "
             "two K/V-head boxes; lines join q0 to q3 to KV0 and q4 to q7 to KV1, and each group has "
