@@ -31,6 +31,9 @@ large (or as small) if each seed held the claim with a given probability (the nu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 
 from mhalib.runtime import measuring
@@ -53,6 +56,7 @@ __all__ = [
     "ablation_kwargs",
     "count_null",
     "claim_status",
+    "Claim",
 ]
 
 
@@ -389,6 +393,31 @@ def ablation_kwargs(heads, how, batch_size, length, reference_z=None, *, seed=0)
     draw = np.random.default_rng(seed).integers(reference_z.shape[0], size=batch_size)  # (B,)
     idx = _tokens_tensor(draw)
     return {"replace_z": {(l, h): reference_z[idx, l, h, :length] for l, h in heads}}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim about a trained model, as a test of one seed (notebooks 04, 05 and 08).
+
+    Attributes:
+        key: a short name.
+        text: the claim in words, as the notebook states it.
+        test: ``fn(measurements, how) -> bool`` (``how`` is ignored by claims that are not
+            about an ablation).
+        null: the per-seed chance under the null: a number (a permutation null), or
+            ``"untrained"`` (the share of untrained models that pass the test).
+        null_text: how that chance was computed.
+        ablations: the ablations the claim is tested under (``("none",)``: no ablation).
+        section: the notebook section that states it.
+    """
+
+    key: str
+    text: str
+    test: Callable
+    null: object
+    null_text: str
+    ablations: tuple = ("none",)
+    section: str = ""
 
 
 def claim_status(by, finding):

@@ -20,14 +20,12 @@ number (a permutation null over heads). :func:`count_claims` counts them
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from mhalib.copytask.tasks import distinct_tokens, fixed_offset_task, make_generator, variable_offset_task
 from mhalib.copytask.training import evaluate
-from mhalib.interpret import (ABLATIONS, ablation_kwargs, attention_weights, claim_status, count_null, head_scores,
+from mhalib.interpret import (ABLATIONS, Claim, ablation_kwargs, attention_weights, claim_status, count_null, head_scores,
                               offset_score, record_heads)
 
 __all__ = ["MEASURE", "measure_seed", "curve_facts", "Claim", "CLAIMS", "FINDING", "count_claims", "uniform_seen"]
@@ -136,24 +134,6 @@ def _in_window(f, name):
 def _window_chance(f):
     steps = np.array(f["logged"])
     return float(((steps >= f["k"] - 100) & (steps <= f["k"] + 150)).mean())
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One claim of notebook 04 as a test of one seed: ``test(seed_dict, how) -> bool``.
-
-    A seed dict holds ``"measured"`` (:func:`measure_seed`), ``"training"`` (the record of
-    ``python -m mhalib.copytask seeds``) and ``"curve"`` (:func:`curve_facts` of it).
-    ``null`` is a number, ``"untrained"``, ``"1 layer"`` or ``"window"`` (module docstring).
-    """
-
-    key: str
-    text: str
-    test: Callable
-    null: object
-    null_text: str
-    ablations: tuple = ("none",)
-    section: str = ""
 
 
 _ALL = ABLATIONS

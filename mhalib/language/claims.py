@@ -27,12 +27,10 @@ models and writes ``mhalib/data/language_claims.json``; notebook 05 reads it, an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
-from mhalib.interpret import ABLATIONS, ablation_kwargs, claim_status, count_null, record_heads
+from mhalib.interpret import ABLATIONS, Claim, ablation_kwargs, claim_status, count_null, record_heads
 from mhalib.language.grammar import sample_sequences
 from mhalib.language.heads import grammar_head_scores, number_patching, path_patching
 from mhalib.language.probes import (ADVERB, CONTROL, HELD_OUT, SAME_NUMBER, STRUCTURE, attractor_matches,
@@ -190,31 +188,6 @@ def _path_costs(m, how):
     p = m["paths"][how]
     full = p["intact"] - p["ablated"]
     return full, {k: p["intact"] - p[k] for k in ("query/key path", "value path", "other paths")}
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One claim of notebook 05, as a test of one seed.
-
-    Attributes:
-        key: a short name.
-        text: the claim in words, as the notebook states it.
-        test: ``fn(measurements, how) -> bool`` (``how`` is ignored by claims that are not
-            about an ablation).
-        null: the per-seed chance under the null: a number (a permutation null), or
-            ``"untrained"`` (the share of untrained models that pass the test).
-        null_text: how that chance was computed.
-        ablations: the ablations the claim is tested under (``("none",)``: no ablation).
-        section: the notebook section that states it.
-    """
-
-    key: str
-    text: str
-    test: Callable
-    null: object
-    null_text: str
-    ablations: tuple = ("none",)
-    section: str = ""
 
 
 _ALL = ABLATIONS
