@@ -72,7 +72,10 @@ export CHECK_PY PROBE_PY TORCH_BUILD_PY
 # 1. check the Python (an existing $(VENV)'s own, or $(PYTHON) for a new one);
 # 2. on Linux, torch first: the CPU build from $(TORCH_CPU_INDEX) when it answers, else
 #    from the normal package index; 3. everything else, at the versions pinned in $(LOCK).
-$(STAMP): pyproject.toml $(LOCK)
+# 4. the course's JupyterLab extension, prebuilt in labextension/ (no Node.js needed); a
+#    rebuild changes its package.json, and the next make installs it again.
+LABEXT := labextension/pyproject.toml labextension/install.json labextension/mha-course-a11y/package.json
+$(STAMP): pyproject.toml $(LOCK) $(LABEXT)
 	@if [ -x $(PY) ]; then \
 	  $(PY) -c "$$CHECK_PY" $(PY_OLDEST) $(PY_NEWEST) "the Python of $(VENV)" \
 	    "Remove it with 'make clean', then run make again with a supported one, e.g. PYTHON=python$(PY_NEWEST)."; \
@@ -101,9 +104,11 @@ $(STAMP): pyproject.toml $(LOCK)
 	fi
 	@echo "==> The course's packages at the versions pinned in $(LOCK), and mhalib from this folder (editable)"
 	$(PIP) install $(PIP_FLAGS) -c $(LOCK) -e '.[dev]'
+	@echo "==> The course's JupyterLab extension, prebuilt (labextension/): figures' alternative text and names for screen readers"
+	$(PIP) install $(PIP_FLAGS) ./labextension
 	@$(PY) -c "$$TORCH_BUILD_PY"
 	@touch $(STAMP)
-	@echo "==> $(VENV) is ready; later runs reuse it until $(LOCK) or pyproject.toml change."
+	@echo "==> $(VENV) is ready; later runs reuse it until $(LOCK), pyproject.toml or labextension/ change."
 
 install: $(STAMP)
 
