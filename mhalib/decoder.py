@@ -30,6 +30,8 @@ from torch import nn
 
 from mhalib.attention import GroupedQueryAttention
 from mhalib.kv_cache import cached_length
+from mhalib.mla import MultiHeadLatentAttention
+from mhalib.sliding_window import sliding_window_mask
 from mhalib.validation import check_divisible
 
 __all__ = ["DecoderConfig", "make_config", "Block", "Decoder", "check_ablate", "POSITIONS", "INIT_STD"]
@@ -52,6 +54,18 @@ class DecoderConfig:
         layer_norm: pre-LayerNorm before each sub-layer and at the end (False: none).
         positions: ``"residual"`` or ``"queries_keys"`` (see the module docstring).
         dropout: on what each sub-layer adds to the residual stream, and on the embeddings.
+        mlp_width: the MLP's hidden width (None: ``4 d_model``); a model with fewer attention
+            parameters can get them back here, to compare variants at one parameter budget.
+        window: sliding-window attention: each query sees its last ``window`` positions,
+            itself included (:func:`mhalib.sliding_window.sliding_window_mask`); None: all.
+        num_sinks: with ``window``, the first positions every query also sees (attention sinks).
+        kv_lora_rank: multi-head latent attention
+            (:class:`~mhalib.mla.MultiHeadLatentAttention`) with a cached latent of this width
+            instead of per-head keys and values (None: grouped-query attention). Its heads
+            have ``head_dim`` numbers without positions and ``rope_head_dim`` rotated ones
+            for queries and keys, and ``head_dim`` for values.
+        rope_head_dim: with ``kv_lora_rank``: the rotated part of each query and of the key
+            that all heads share (even).
     """
 
     vocab_size: int
@@ -64,6 +78,11 @@ class DecoderConfig:
     layer_norm: bool = True
     positions: str = "residual"
     dropout: float = 0.0
+    mlp_width: int | None = None
+    window: int | None = None
+    num_sinks: int = 0
+    kv_lora_rank: int | None = None
+    rope_head_dim: int = 4
 
     def __post_init__(self):
         if self.num_kv_heads is None:
@@ -82,6 +101,32 @@ class DecoderConfig:
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
                 or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be a float in [0, 1); got {self.dropout!r}")
+        for name in ("mlp_width", "window", "kv_lora_rank"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be None or a positive int; got {name}={value!r}")
+        if self.mlp_width is not None and not self.mlp:
+            raise ValueError("mlp_width sets the MLP's width; this config has mlp=False")
+        if isinstance(self.num_sinks, bool) or not isinstance(self.num_sinks, int) or self.num_sinks < 0:
+            raise ValueError(f"num_sinks must be an int >= 0; got {self.num_sinks!r}")
+        if self.num_sinks and (self.window is None or self.num_sinks >= self.window):
+            raise ValueError(f"num_sinks needs a window larger than it (sinks are positions a windowed query "
+                             f"sees besides its window); got num_sinks={self.num_sinks}, window={self.window}")
+        if self.kv_lora_rank is not None:
+            if self.num_kv_heads != self.num_heads:
+                raise ValueError(f"kv_lora_rank (latent attention) caches one latent, not K/V heads: leave "
+                                 f"num_kv_heads at num_heads; got num_kv_heads={self.num_kv_heads}")
+            if self.positions != "residual":
+                raise ValueError("kv_lora_rank (latent attention) computes its queries and keys from the stream: "
+                                 f"it needs positions='residual'; got {self.positions!r}")
+        if isinstance(self.rope_head_dim, bool) or not isinstance(self.rope_head_dim, int) \
+                or self.rope_head_dim < 2 or self.rope_head_dim % 2:
+            raise ValueError(f"rope_head_dim must be an even int >= 2; got {self.rope_head_dim!r}")
+
+    @property
+    def attention(self):
+        """``"mla"`` (latent attention) or ``"gqa"`` (MHA, GQA or MQA), with ``"+window"`` when windowed."""
+        return ("mla" if self.kv_lora_rank is not None else "gqa") + ("" if self.window is None else "+window")
 
     @property
     def head_dim(self):
@@ -115,10 +160,16 @@ class Block(nn.Module):
         super().__init__()
         c = config
         self.ln_1 = nn.LayerNorm(c.d_model) if c.layer_norm else None
-        self.attn = GroupedQueryAttention(c.d_model, c.num_heads, c.num_kv_heads)
+        if c.kv_lora_rank is None:
+            self.attn = GroupedQueryAttention(c.d_model, c.num_heads, c.num_kv_heads)
+        else:
+            self.attn = MultiHeadLatentAttention(c.d_model, c.num_heads, c.kv_lora_rank, c.head_dim,
+                                                 c.rope_head_dim, c.head_dim)
+        self.window, self.num_sinks = c.window, c.num_sinks
         self.ln_2 = nn.LayerNorm(c.d_model) if c.layer_norm and c.mlp else None
-        self.mlp = nn.Sequential(nn.Linear(c.d_model, 4 * c.d_model), nn.GELU(),
-                                 nn.Linear(4 * c.d_model, c.d_model)) if c.mlp else None
+        width = 4 * c.d_model if c.mlp_width is None else c.mlp_width
+        self.mlp = nn.Sequential(nn.Linear(c.d_model, width), nn.GELU(),
+                                 nn.Linear(width, c.d_model)) if c.mlp else None
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x, pos=None, *, need_weights=False, kv_cache=None, z_hook=None, pattern_hook=None):
@@ -134,8 +185,23 @@ class Block(nn.Module):
             the new residual stream ``(B, N, d_model)`` (and the weights if asked).
         """
         h = x if self.ln_1 is None else self.ln_1(x)  # (B, N, d_model)
-        result = self.attn(h, causal=True, need_weights=need_weights, kv_cache=kv_cache,
-                           qk_input=None if pos is None else h + pos, z_hook=z_hook, pattern_hook=pattern_hook)
+        if isinstance(self.attn, MultiHeadLatentAttention):
+            used = [name for name, value in (("kv_cache", kv_cache), ("z_hook", z_hook),
+                                             ("pattern_hook", pattern_hook)) if value is not None]
+            if used:
+                raise ValueError(f"a latent-attention block (kv_lora_rank) takes no {', '.join(used)}: ablation, "
+                                 f"patching and KVCache decoding are for grouped-query attention; latent "
+                                 f"attention caches with mhalib.mla.MLACache")
+            result = self.attn(h, causal=True, need_weights=need_weights)
+        else:
+            mask = None
+            if self.window is not None:
+                n = x.shape[1]
+                n_k = n + (0 if kv_cache is None else len(kv_cache))
+                mask = sliding_window_mask(n, self.window, n_k, num_sinks=self.num_sinks, device=x.device)
+            # the band mask is causal already (and SDPA takes a mask or is_causal, not both)
+            result = self.attn(h, causal=mask is None, attn_mask=mask, need_weights=need_weights, kv_cache=kv_cache,
+                               qk_input=None if pos is None else h + pos, z_hook=z_hook, pattern_hook=pattern_hook)
         out, weights = result if need_weights else (result, None)  # out: (B, N, d_model)
         x = x + self.drop(out)  # (B, N, d_model)
         if self.mlp is not None:
