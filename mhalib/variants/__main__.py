@@ -50,6 +50,7 @@ def _save(results):
 
 
 def train(variants, seeds):
+    """Train each variant from each seed, measure it, save weights and measurements under RUNS_DIR."""
     RUNS_DIR.mkdir(parents=True, exist_ok=True)
     for name in variants:
         for seed in seeds:
@@ -86,6 +87,7 @@ def measure(variants, seeds, again=False):
 
 
 def convert(seeds):
+    """MHA's seeds mean-pooled to each GQA/MQA target, measured before and after uptraining."""
     results = _load(RESULTS)
     rows = results.setdefault("converted", {})
     for name, g in CONVERT["targets"].items():
@@ -104,6 +106,7 @@ def convert(seeds):
 
 
 def time_variants():
+    """One decode step's attention per fixed-width variant over DECODE_TOKENS, with the machine."""
     results = _load(RESULTS)
     configs = {name: variant_config(name) for name in FIXED_WIDTH}
     seconds = time_decode(configs, DECODE_TOKENS, threads=1)
@@ -115,6 +118,7 @@ def time_variants():
 
 
 def main(argv=None):
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m mhalib.variants", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("train", "measure", "convert", "time", "all"))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), metavar="NAME",
