@@ -8,9 +8,9 @@ in the cell's metadata, one entry per figure in the order the cell shows them::
     "metadata": {"mhalib": {"alt": ["Heatmap of ...", "..."]}}
 
 Cell metadata survives re-execution (``make notebooks``, JupyterLab's Run All); outputs do
-not. The site writes each entry as its image's ``alt``. JupyterLab 4 draws an image output
-without any ``alt`` whatever the metadata says (its image renderer sets only the source,
-width and height), so there the text is in the notebook file, not on screen.
+not. The site writes each entry as its image's ``alt``; in JupyterLab, the course's extension
+(``labextension/``) sets it on each image output, since JupyterLab's own image renderer sets
+only the source, width and height whatever the metadata says.
 
 The texts live in :data:`ALT` below, keyed by notebook and by the cell's id (stable across
 re-execution and edits of the cell's code), so that they can be written again after a
