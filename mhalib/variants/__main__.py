@@ -3,6 +3,7 @@
 Usage (from the repository root; each model trains in about 1 to 2 minutes on one CPU thread)::
 
     python -m mhalib.variants train                 # every variant, seeds 0-4 -> artifacts/variants/
+    python -m mhalib.variants train --variants SWA-32 --seeds 0   # exercise 10's configuration (shipped)
     python -m mhalib.variants train --variants MQA SWA-8 --seeds 0 1   # some of them
     python -m mhalib.variants measure               # gather the runs' measurements -> mhalib/data/variants.json
     python -m mhalib.variants measure --again       # measure the trained runs anew
@@ -30,8 +31,8 @@ from mhalib.checkpoints import load_model, save_model
 from mhalib.convert import convert_kv
 from mhalib.data import DATA_DIR
 from mhalib.variants.measure import EVAL, cache_bytes, measure_quality, time_decode
-from mhalib.variants.model import (FIXED_WIDTH, RUNS_DIR, VARIANTS, new_variant_model, parameter_count,
-                                   variant_config, variant_path)
+from mhalib.variants.model import (FIXED_PARAMS, FIXED_WIDTH, RUNS_DIR, SHIPPED, SHIPPED_DIR, VARIANTS,
+                                   new_variant_model, parameter_count, variant_config, variant_path)
 from mhalib.variants.training import RECIPE, train_variant
 
 SEEDS = (0, 1, 2, 3, 4)
@@ -59,21 +60,27 @@ def train(variants, seeds):
             history = train_variant(model, seed=seed, progress=False)
             seconds = time.perf_counter() - start
             measured = measure_quality(model)
-            save_model(model, variant_path(name, seed), variant=name, seed=seed, recipe=RECIPE,
-                       train_seconds=round(seconds, 1), final_loss=history["loss"][-1], measured=measured)
+            facts = dict(variant=name, seed=seed, recipe=RECIPE, train_seconds=round(seconds, 1),
+                         final_loss=history["loss"][-1], measured=measured)
+            save_model(model, variant_path(name, seed), **facts)
+            if (name, seed) in SHIPPED:
+                SHIPPED_DIR.mkdir(parents=True, exist_ok=True)
+                save_model(model, variant_path(name, seed, shipped=True), **facts)
             print(f"{name} seed {seed}: {seconds:.0f} s, loss {measured['loss']:.4f}, agreement "
                   f"{measured['agreement']:.3f}, coreference {measured['coreference']:.3f}, recall "
                   f"{measured['recall']:.3f}", flush=True)
 
 
 def measure(variants, seeds, again=False):
-    """Gather each run's measurements (taken when it was trained) into RESULTS; ``again``: measure anew."""
+    """Gather each run's measurements (taken when it was trained) into RESULTS; ``again``: measure anew.
+
+    A shipped run (:data:`~mhalib.variants.model.SHIPPED`) is read from where it ships."""
     results = _load(RESULTS)
     runs = results.setdefault("runs", {})
     for name in variants:
         config = variant_config(name)
         for seed in seeds:
-            model = load_model(variant_path(name, seed))
+            model = load_model(variant_path(name, seed, shipped=(name, seed) in SHIPPED))
             row = measure_quality(model) if again else dict(model.metadata["measured"])
             row["train_seconds"] = model.metadata["train_seconds"]
             runs.setdefault(name, {})[str(seed)] = row
@@ -82,7 +89,8 @@ def measure(variants, seeds, again=False):
         results.setdefault("shapes", {})[name] = {
             "parameters": parameter_count(config), "cache_bytes_64": cache_bytes(config, 64),
             "cache_bytes_long": cache_bytes(config, DECODE_TOKENS), "mlp_width": config.mlp_width or 4 * config.d_model}
-    results["eval"], results["recipe"], results["seeds"] = EVAL, RECIPE, list(seeds)
+    results["eval"], results["recipe"] = EVAL, RECIPE
+    results["seeds"] = list(SEEDS)  # the recipe's seeds (a shipped extra run may have fewer)
     _save(results)
 
 
@@ -121,8 +129,8 @@ def main(argv=None):
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m mhalib.variants", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("train", "measure", "convert", "time", "all"))
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), metavar="NAME",
-                        help=f"which variants (default all): {', '.join(VARIANTS)}")
+    parser.add_argument("--variants", nargs="+", default=list(FIXED_WIDTH) + list(FIXED_PARAMS), metavar="NAME",
+                        help=f"which variants (default all but {', '.join(n for n in VARIANTS if n not in FIXED_WIDTH and n not in FIXED_PARAMS)}): {', '.join(VARIANTS)}")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS), help="which seeds (default 0-4)")
     parser.add_argument("--again", action="store_true", help="measure: measure the weights anew")
     args = parser.parse_args(argv)

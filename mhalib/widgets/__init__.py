@@ -8,6 +8,8 @@ One module per explorer:
   real models.
 * ``mhalib.widgets.gqa``: H and g (notebook 07): which query heads share which K/V
   head, and what the cache costs.
+* ``mhalib.widgets.tradeoff``: g, latent size and window (notebook 10): where a configuration
+  sits among the measured variants, quality against cache bytes, with the frontier.
 * ``mhalib.widgets.common``: what they share (a safe render wrapper, sliders, the
   layout and CSS classes the browser tests look for).
 
