@@ -56,6 +56,7 @@ __all__ = [
     "ablation_kwargs",
     "count_null",
     "claim_status",
+    "null_bound",
     "Claim",
 ]
 
@@ -422,16 +423,61 @@ class Claim:
 
 def claim_status(by, finding):
     """The verdict on a claim counted over seeds under each ablation (``by``: ablation -> a dict with
-    ``count``, ``tail`` and ``p_value``, as :func:`count_null` gives): ``"finding"`` when it holds in at
-    least ``finding`` seeds under every ablation and more often than its null (P <= 0.05), ``"not above
-    its null"`` when it holds that often but not clearly more often than chance, else ``"tendency"``."""
-    if not all(v["count"] >= finding for v in by.values()):
-        return "tendency"
-    above = all(v["tail"] == "at least" and v["p_value"] <= 0.05 for v in by.values())
-    return "finding" if above else "not above its null"
+    ``count``, ``tail`` and ``p_value``, as :func:`count_null` gives).
+
+    Under one ablation the count is:
+
+    * ``"finding"``: at least ``finding`` seeds, and above its null (tail ``"at least"``, P <= 0.05);
+    * ``"tendency"``: fewer seeds, but still above its null (P <= 0.05);
+    * ``"below its null"``: clearly *below* what chance gives (tail ``"at most"``, P <= 0.05);
+    * ``"not above its null"``: anything else (P > 0.05: chance alone gives a count like it).
+
+    A count that is not above its null is never a tendency, however many seeds it holds in.
+    Returns the verdict when it is the same under every ablation, else the verdicts with their
+    ablations, e.g. ``"finding under zero, mean; not above its null under resample"``.
+    """
+    def one(v):
+        if v["p_value"] > 0.05:
+            return "not above its null"
+        if v["tail"] != "at least":
+            return "below its null"
+        return "finding" if v["count"] >= finding else "tendency"
+
+    verdicts = {how: one(v) for how, v in by.items()}
+    if len(set(verdicts.values())) == 1:
+        return next(iter(verdicts.values()))
+    order = [v for v in ("finding", "tendency", "below its null", "not above its null") if v in verdicts.values()]
+    return "; ".join(f"{v} under {', '.join(h for h, w in verdicts.items() if w == v)}" for v in order)
 
 
-def count_null(count, total, p, tail="at least"):
+def null_bound(passed, models, tail, level=0.05):
+    """The one-sided confidence bound (Clopper-Pearson, ``level``) on a null chance estimated from models.
+
+    A null measured on ``models`` models (untrained ones, say), ``passed`` of which pass, is an
+    estimate: 0 of 10 does not mean the chance is 0. For a count tested for being *high*
+    (``tail="at least"``) the honest null is the largest chance the models do not rule out:
+    the upper bound (0 of 10 gives 1 - 0.05 ** (1 / 10) = 0.259); for a count tested for being
+    *low*, the lower bound.
+    """
+    if not 0 <= passed <= models or models < 1:
+        raise ValueError(f"need 0 <= passed <= models with models >= 1; got passed={passed!r}, models={models!r}")
+    if tail not in ("at least", "at most"):
+        raise ValueError(f"tail must be 'at least' or 'at most'; got {tail!r}")
+    if tail == "at least" and passed == models or tail == "at most" and passed == 0:
+        return float(passed / models)
+    # upper bound u: P(X <= passed | u) = level; lower bound l: P(X >= passed | l) = level (bisection)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if tail == "at least":
+            too_small = count_null(passed, models, mid, "at most")["p_value"] > level
+        else:
+            too_small = count_null(passed, models, mid, "at least")["p_value"] < level
+        lo, hi = (mid, hi) if too_small else (lo, mid)
+    return (lo + hi) / 2
+
+
+def count_null(count, total, p, tail="at least", estimated_from=None):
     """The chance of a count this extreme if each of ``total`` seeds held the claim with chance ``p``.
 
     A claim "in ``count`` of ``total`` seeds" is read against a null: the per-seed chance
@@ -443,9 +489,14 @@ def count_null(count, total, p, tail="at least"):
         count, total: the count and the number of seeds.
         p: the per-seed chance under the null, in [0, 1], or a list of ``total`` such chances.
         tail: ``"at least"`` (P(X >= count)) or ``"at most"`` (P(X <= count)).
+        estimated_from: when ``p`` is a share measured on models (e.g. 0 of 10 untrained
+            models pass), the number of those models: the tail is then computed with the
+            bound of :func:`null_bound` on the side that makes the test conservative, so
+            that "0 of 10 untrained models" is not read as a chance of exactly 0.
 
     Returns:
-        dict ``{"expected": sum of the chances, "p_value": float}``.
+        dict ``{"expected": sum of the chances, "p_value": float}``, plus ``"p_bound"`` (the
+        chance the tail was computed with) when ``estimated_from`` is given.
     """
     if isinstance(total, bool) or not isinstance(total, (int, np.integer)) or total < 1 or not 0 <= count <= total:
         raise ValueError(f"need 0 <= count <= total with total >= 1; got count={count!r}, total={total!r}")
@@ -460,4 +511,12 @@ def count_null(count, total, p, tail="at least"):
         pmf[1:] = pmf[1:] * (1 - v) + pmf[:-1] * v
         pmf[0] *= 1 - v
     tail_mass = pmf[count:].sum() if tail == "at least" else pmf[:count + 1].sum()
-    return {"expected": float(sum(chances)), "p_value": float(min(1.0, tail_mass))}
+    out = {"expected": float(sum(chances)), "p_value": float(min(1.0, tail_mass))}
+    if estimated_from is not None:
+        if np.ndim(p) != 0 or isinstance(estimated_from, bool) or not isinstance(estimated_from, (int, np.integer)) \
+                or estimated_from < 1 or abs(p * estimated_from - round(p * estimated_from)) > 1e-9:
+            raise ValueError(f"estimated_from must be the number of models p was measured on (p a share of them); "
+                             f"got p={p!r}, estimated_from={estimated_from!r}")
+        bound = null_bound(int(round(p * estimated_from)), int(estimated_from), tail)
+        out.update(p_value=count_null(count, total, bound, tail)["p_value"], p_bound=bound)
+    return out

@@ -129,3 +129,15 @@ def test_bad_seeds_and_settings_are_refused_with_what_is_allowed():
         seed_path(10)
     with pytest.raises(ValueError, match=r"unknown settings \['probe_sed'\]; allowed: \["):
         measure_seed(new_model(0), probe_sed=3)
+
+
+def test_a_count_that_chance_gives_is_not_a_tendency(stored):
+    """A null measured on ten models (the 1-layer controls, untrained models) is read with its 95% bound: 4 of 10
+    seeds against 0 of 10 controls ("steeper fall") is then no more than chance, and no claim is a tendency or a
+    finding under an ablation where P > 0.05."""
+    steep = stored["counts"]["steeper fall"]
+    assert steep["by"]["none"]["count"] == 4 and steep["by"]["none"]["p_null"] == 0.0
+    assert steep["by"]["none"]["p_value"] > 0.05 and steep["status"] == "not above its null"
+    for key, c in stored["counts"].items():
+        if c["status"] in ("finding", "tendency"):
+            assert all(v["tail"] == "at least" and v["p_value"] <= 0.05 for v in c["by"].values()), key

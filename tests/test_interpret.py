@@ -243,3 +243,41 @@ def test_count_null_is_the_binomial_tail_by_enumeration():
         count_null(1, 2, 1.5)
     with pytest.raises(ValueError, match="tail"):
         count_null(1, 2, 0.5, "more")
+
+
+def test_a_null_measured_on_models_is_read_with_its_bound_not_as_zero():
+    """0 of 10 untrained models passing is a chance of up to 1 - 0.05 ** (1/10) = 0.259, not 0: the P-value of a
+    count is computed with that bound (the Clopper-Pearson bound, by its definition)."""
+    from mhalib.interpret import count_null, null_bound
+
+    assert null_bound(0, 10, "at least") == pytest.approx(1 - 0.05 ** 0.1, abs=1e-9)
+    assert null_bound(10, 10, "at most") == pytest.approx(0.05 ** 0.1, abs=1e-9)
+    u = null_bound(3, 10, "at least")  # the upper bound: 3 or fewer of 10 has chance 0.05 under it
+    assert count_null(3, 10, u, "at most")["p_value"] == pytest.approx(0.05, abs=1e-9) and 0.3 < u < 1
+    lo = null_bound(3, 10, "at most")
+    assert count_null(3, 10, lo, "at least")["p_value"] == pytest.approx(0.05, abs=1e-9) and 0 < lo < 0.3
+    plain = count_null(6, 10, 0.0)
+    bounded = count_null(6, 10, 0.0, estimated_from=10)
+    assert plain["p_value"] == 0.0 and bounded["p_bound"] == pytest.approx(1 - 0.05 ** 0.1)
+    assert bounded["p_value"] == pytest.approx(count_null(6, 10, 1 - 0.05 ** 0.1)["p_value"]) and \
+        0.01 < bounded["p_value"] < 0.05
+    assert count_null(4, 10, 0.0, estimated_from=10)["p_value"] > 0.05, "4 of 10 against 0 of 10 models: chance"
+    with pytest.raises(ValueError, match="estimated_from"):
+        count_null(6, 10, 0.25, estimated_from=10)  # 0.25 is no share of 10 models
+    with pytest.raises(ValueError, match="passed"):
+        null_bound(11, 10, "at least")
+
+
+def test_claim_status_never_calls_a_count_at_chance_a_tendency():
+    from mhalib.interpret import claim_status
+
+    def v(count, p_value, tail="at least"):
+        return {"count": count, "p_value": p_value, "tail": tail}
+
+    assert claim_status({"zero": v(9, 0.01), "mean": v(8, 0.03)}, 8) == "finding"
+    assert claim_status({"none": v(6, 0.02)}, 8) == "tendency"
+    assert claim_status({"zero": v(6, 0.377)}, 8) == "not above its null", "6 of 10 against 5 by chance"
+    assert claim_status({"none": v(10, 1.0)}, 8) == "not above its null", "as often as the null, however often"
+    assert claim_status({"none": v(4, 0.02, "at most")}, 8) == "below its null"
+    assert claim_status({"zero": v(9, 0.011), "mean": v(9, 0.011), "resample": v(8, 0.055)}, 8) == \
+        "finding under zero, mean; not above its null under resample"

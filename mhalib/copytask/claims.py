@@ -220,7 +220,13 @@ def _status(by):
 
 
 def count_claims(seeds, untrained, claims=CLAIMS):
-    """Count every claim over the seeds (dicts of :class:`Claim`), with its null; see the module docstring."""
+    """Count every claim over the seeds (dicts of :class:`Claim`), with its null; see the module docstring.
+
+    A null measured on models (``"untrained"``, ``"1 layer"``: ten of them) is a share with an
+    error: its P-value is computed with the share's 95% bound (``p_bound``,
+    :func:`mhalib.interpret.null_bound`), so 0 of 10 untrained models is a chance of up to
+    0.26, not 0. ``"status"`` is :func:`mhalib.interpret.claim_status`.
+    """
     one_layer = [{"curve": curve_facts(d["training"]["controls"]["1 layer, variable offset"]["loss"]),
                   "uniform_seen": d["uniform_seen"],
                   "training": {"accuracy 0.9 at": None},
@@ -232,20 +238,22 @@ def count_claims(seeds, untrained, claims=CLAIMS):
         for how in c.ablations:
             per_seed = [bool(c.test(d, how)) for d in seeds]
             k, n = sum(per_seed), len(per_seed)
+            models = None  # for a null measured on models: how many (its bound, not the share, is the null)
             if c.null == "untrained":
-                p = float(np.mean([bool(c.test(_untrained_view(m), how)) for m in untrained]))
+                p, models = float(np.mean([bool(c.test(_untrained_view(m), how)) for m in untrained])), len(untrained)
             elif c.null == "1 layer":
-                p = float(np.mean([_one_layer_passes(c, d) for d in one_layer]))
+                p, models = float(np.mean([_one_layer_passes(c, d) for d in one_layer])), len(one_layer)
             elif c.null == "window":
                 p = [_window_chance(d["curve"]) for d in seeds]
             else:
                 p = float(c.null)
             expected = float(np.sum(p)) if np.ndim(p) else n * p
             tail = "at least" if k >= expected else "at most"
-            by[how] = {"count": k, "per_seed": per_seed, "p_null": p, "tail": tail, **count_null(k, n, p, tail)}
+            by[how] = {"count": k, "per_seed": per_seed, "p_null": p, "tail": tail,
+                       **count_null(k, n, p, tail, estimated_from=models)}
+        status = _status(by)
         out[c.key] = {"text": c.text, "section": c.section, "null_text": c.null_text, "seeds": len(seeds), "by": by,
-                      "finding": all(v["count"] >= FINDING for v in by.values()),
-                      "status": _status(by)}
+                      "finding": status == "finding", "status": status}
     return out
 
 

@@ -17,8 +17,9 @@ keeps notebook 05 honest in four ways:
   ablation, with the binomial chance of that count under the null
   (:func:`mhalib.interpret.count_null`);
 * :data:`FINDING`: a claim that holds in at least 8 of 10 seeds under every ablation it is
-  tested in, more often than its null, is stated as a finding; fewer, as a tendency; as
-  often, but not clearly more often than the null (P > 0.05), as "not above its null".
+  tested in, more often than its null (P <= 0.05), is stated as a finding; in fewer, but
+  still more often than its null, as a tendency; a count that chance alone would give
+  (P > 0.05), however high, as "not above its null" (:func:`mhalib.interpret.claim_status`).
 
 ``python -m mhalib.language claims`` measures the ten shipped seeds and ten untrained
 models and writes ``mhalib/data/language_claims.json``; notebook 05 reads it, and
@@ -208,7 +209,8 @@ CLAIMS = [
     Claim("inner verb", "the verb inside a relative clause (no first-noun rule decides it) >= 0.95",
           lambda m, how: m["probes"]["verb inside a relative clause"]["accuracy"] >= 0.95,
           "untrained", "untrained models", section="3"),
-    Claim("centre", "a relative clause inside a relative clause (no shallow rule decides it): at most 0.75",
+    Claim("centre", "a relative clause inside a relative clause (no first-noun, nearest-noun or n-gram rule "
+          "decides it): at most 0.75",
           lambda m, how: m["probes"]["held-out: relative clause inside a relative clause"]["accuracy"] <= 0.75,
           "untrained", "untrained models", section="3"),
     Claim("adverb", "an adverb between subject and verb: plural subjects at 0.25 or below (the model answers "
@@ -265,13 +267,14 @@ CLAIMS = [
           lambda m, how: _path_costs(m, how)[0] >= 0.25, "untrained", "untrained models", _ALL, "7"),
     Claim("query/key path small", "removing it from the query/key path alone costs less than a third of that",
           lambda m, how: (lambda full, c: c["query/key path"] < full / 3)(*_path_costs(m, how)), 5 / 9,
-          "the cost split at random among the three paths (uniform shares): P(share < 1/3) = 5/9", _ALL, "7"),
+          "the cost split at random among the three paths (uniform shares): P(share < 1/3) = 5/9; it assumes "
+          "the three path costs add up to the full cost, which the measured costs do not", _ALL, "7"),
     Claim("other paths", "removing it from the other paths alone costs more than half of that",
           lambda m, how: (lambda full, c: c["other paths"] > full / 2)(*_path_costs(m, how)), 1 / 4,
-          "uniform shares: P(share > 1/2) = 1/4", _ALL, "7"),
+          "uniform shares: P(share > 1/2) = 1/4 (assumes the path costs add up)", _ALL, "7"),
     Claim("no single path", "no single path costs more than half of that",
           lambda m, how: (lambda full, c: max(c.values()) <= full / 2)(*_path_costs(m, how)), 1 / 4,
-          "uniform shares: P(every share <= 1/2) = 1/4", _ALL, "7"),
+          "uniform shares: P(every share <= 1/2) = 1/4 (assumes the path costs add up)", _ALL, "7"),
 ]
 
 
@@ -291,7 +294,11 @@ def count_claims(trained, untrained, claims=CLAIMS):
         dict key -> {"text", "section", "null_text", "seeds": len(trained), "by": {how: {"count",
         "per_seed" (list of bools), "p_null", "expected", "p_value"}}, "finding": bool}; ``p_value``
         is the chance of a count at least this large under the null (at most this large when
-        the count is below the null's expectation).
+        the count is below the null's expectation); for the untrained null, a share of ten
+        models, it is computed with that share's 95% bound (``p_bound``,
+        :func:`mhalib.interpret.null_bound`: 0 of 10 untrained models is a chance of up to
+        0.26, not 0). ``"status"``: :func:`mhalib.interpret.claim_status`; ``"finding"``: the
+        status is ``"finding"`` under every ablation.
     """
     out = {}
     for c in claims:
@@ -299,11 +306,12 @@ def count_claims(trained, untrained, claims=CLAIMS):
         for how in c.ablations:
             per_seed = [bool(c.test(m, how)) for m in trained]
             k, n = sum(per_seed), len(per_seed)
-            p = float(np.mean([bool(c.test(m, how)) for m in untrained])) if c.null == "untrained" else float(c.null)
+            estimated = c.null == "untrained"  # a share of untrained models: its bound, not 0, is the null
+            p = float(np.mean([bool(c.test(m, how)) for m in untrained])) if estimated else float(c.null)
             tail = "at least" if k >= n * p else "at most"
-            null = count_null(k, n, p, tail)
+            null = count_null(k, n, p, tail, estimated_from=len(untrained) if estimated else None)
             by[how] = {"count": k, "per_seed": per_seed, "p_null": p, "tail": tail, **null}
         out[c.key] = {"text": c.text, "section": c.section, "null_text": c.null_text, "seeds": len(trained), "by": by,
-                      "finding": all(v["count"] >= FINDING for v in by.values()),
                       "status": _status(by)}
+        out[c.key]["finding"] = out[c.key]["status"] == "finding"
     return out

@@ -26,7 +26,12 @@ phrases does not decide them) and :data:`ADVERB` (an adverb before the verb: hel
 
 Baselines that use no syntax: :class:`Bigram` (the next word from the previous word),
 :class:`NGram` (from the previous n - 1 words, with back-off) and :func:`shallow_baselines`
-(first noun, first noun outside phrases, nearest noun, majority class).
+(first noun, first noun outside phrases, nearest noun, majority class, second-nearest noun,
+opposite of the nearest noun, a noun a fixed 5 words back, majority of the nouns, the last
+finite verb). These are the rules tried, not every shallow rule: some of them pass some
+sets (the second-nearest noun, and the opposite of the nearest, both pass the default
+agreement probe, where exactly one attractor of the other number stands right before the
+verb); a set that a rule passes shows only what that rule cannot tell apart.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ import numpy as np
 import torch
 
 from mhalib.language.grammar import (ADVERBS, BOS, INTRANSITIVE, NAMES, PEOPLE, PREPOSITIONS, SEQ_LEN, SUBORDINATORS,
-                                     THINGS, TRANSITIVE, VOCAB, WORD_TO_ID, Grammar, _plural, _verb, decode, encode,
-                                     make_rng, other_number, sample_sequences, Event)
+                                     THINGS, TRANSITIVE, VOCAB, WITH_OBJECT_PRONOUN, WORD_TO_ID, Grammar, _OBJECT_FORMS,
+                                     _fused, _plural, _verb, decode, encode, make_rng, other_number, sample_sequences,
+                                     Event)
 from mhalib.language.training import TRAIN_STREAM
 from mhalib.runtime import measuring
 
@@ -111,7 +117,8 @@ SAME_NUMBER = {"agreement": ("pp_same", "orc_same", "src_same")}
 #: ``"orc_verb"``, the verb *inside* an object relative clause ("the dog that the cats |
 #: chase", in the training text; the nearest noun decides it) and ``"centre"``, the verb of
 #: a relative clause with another one inside it ("the dog that the cats that the bird sees |
-#: chase", never in the training text: no shallow rule of this module decides it).
+#: chase", never in the training text: neither first-noun rule, the nearest noun nor an n-gram decides it;
+#: the second-nearest noun and the noun 5 words back do, and so does a finite-state counter of "that"s).
 STRUCTURE = {"agreement": ("orc_verb", "centre")}
 #: An adverb between the subject (or its attractor) and the verb ("the birds behind the tree
 #: now | run"); the training text puts adverbs only after verbs. ``"adverb_pp"`` has a
@@ -360,6 +367,26 @@ _PERIOD, _BECAUSE = WORD_TO_ID["."], WORD_TO_ID["because"]
 
 _SKIP_AFTER = {WORD_TO_ID[w] for w in PREPOSITIONS + SUBORDINATORS + ("because",)}
 _THE = WORD_TO_ID["the"]
+_NOT = WORD_TO_ID["not"]
+
+
+def _finite_verb_numbers():
+    """word id -> number ("sg", "pl") for every finite verb form (a form after "not" is not finite)."""
+    forms = {"is": "sg", "are": "pl", "does": "sg", "do": "pl"}
+    for number in ("sg", "pl"):
+        for lemma in INTRANSITIVE + TRANSITIVE:
+            forms[_verb(lemma, number)] = number
+        for lemma in WITH_OBJECT_PRONOUN:
+            for pronoun in _OBJECT_FORMS:
+                forms[_fused(lemma, number, pronoun)] = number
+    return {WORD_TO_ID[w]: n for w, n in forms.items()}
+
+
+_VERB_NUMBER = _finite_verb_numbers()
+#: How far back the "noun k words back" rule looks: 5, the offset that scores best on the
+#: default agreement probe among k = 1..8 (chosen on the probe itself: an upper bound on
+#: what a fixed position gives there).
+FIXED_OFFSET = 5
 
 
 def shallow_baselines(probes):
@@ -375,10 +402,20 @@ def shallow_baselines(probes):
       (the grammar puts every subject there) and fails :data:`STRUCTURE`;
     * ``"nearest noun"``: the noun closest before the word to predict;
     * ``"majority"``: always the more frequent answer of each pair of forms in this set
-      ("sg" or "pl"; "m" or "f").
+      ("sg" or "pl"; "m" or "f");
+    * ``"second-nearest noun"``: the noun before the nearest one;
+    * ``"opposite of the nearest noun"``: the form the nearest noun does *not* ask for (on a
+      set built so that the nearest noun always misleads, this rule is always right);
+    * ``"noun 5 words back"``: the word :data:`FIXED_OFFSET` positions before the word to
+      predict, when it is a noun (a fixed position);
+    * ``"majority of nouns"``: the form most nouns of the sentence (the scope of "first
+      noun") ask for;
+    * ``"last finite verb"``: the number of the last finite verb in that scope (for
+      coreference, the previous sentence's, or its own after "because"); a gender answer
+      gets 1/2.
 
     A noun that says nothing about the two forms (a thing for "he"/"she") counts 1/2, and
-    so does a rule that finds no noun.
+    so does a rule that finds no noun (or a tie).
 
     Returns:
         dict rule -> accuracy in [0, 1].
@@ -386,6 +423,7 @@ def shallow_baselines(probes):
     _check_probes(probes)
     kind = probes.kind
     first, outside, nearest = [], [], []
+    second, opposite, offset, most, verb = [], [], [], [], []
     for row, t, answer in zip(probes.tokens, probes.positions, probes.answers):
         periods = [i for i in range(t) if row[i] == _PERIOD]
         start = periods[-1] + 1 if periods else 1
@@ -398,13 +436,24 @@ def shallow_baselines(probes):
         outside.append(_vote(_NOUN[free[0]], answer, kind) if free else 0.5)
         before = [int(row[i]) for i in range(1, t) if int(row[i]) in _NOUN]
         nearest.append(_vote(_NOUN[before[-1]], answer, kind) if before else 0.5)
+        second.append(_vote(_NOUN[before[-2]], answer, kind) if len(before) > 1 else 0.5)
+        opposite.append(1.0 - nearest[-1])
+        back = int(row[t - FIXED_OFFSET]) if t - FIXED_OFFSET >= 1 else None
+        offset.append(_vote(_NOUN[back], answer, kind) if back in _NOUN else 0.5)
+        votes = [v for v in (_vote(_NOUN[n], answer, kind) for n in nouns) if v != 0.5]
+        most.append(0.5 if not votes or np.mean(votes) == 0.5 else float(np.mean(votes) > 0.5))
+        verbs = [int(row[i]) for i in scope if int(row[i]) in _VERB_NUMBER and row[i - 1] != _NOT]
+        verb.append(float(_VERB_NUMBER[verbs[-1]] == answer) if verbs and answer in ("sg", "pl") else 0.5)
     answers = list(probes.answers)
     majority = 0.0
     for pair in (("sg", "pl"), ("m", "f")):
         counts = [answers.count(a) for a in pair]
         majority += max(counts)
     return {"first noun": float(np.mean(first)), "first noun outside phrases": float(np.mean(outside)),
-            "nearest noun": float(np.mean(nearest)), "majority": majority / len(answers)}
+            "nearest noun": float(np.mean(nearest)), "majority": majority / len(answers),
+            "second-nearest noun": float(np.mean(second)), "opposite of the nearest noun": float(np.mean(opposite)),
+            f"noun {FIXED_OFFSET} words back": float(np.mean(offset)), "majority of nouns": float(np.mean(most)),
+            "last finite verb": float(np.mean(verb))}
 
 
 def _after_phrase_word(row, i, start):
