@@ -126,7 +126,8 @@ lab: $(STAMP)
 # on one thread, so a machine with a wider vector unit still checks a narrower one
 # (notebook 06 runs the trained language model too).
 PORTABLE := notebooks/04_what_heads_learn.ipynb notebooks/05_heads_in_language.ipynb notebooks/06_kv_cache.ipynb notebooks/08_mha_to_gqa.ipynb \
-            solutions/04_what_heads_learn.ipynb solutions/05_heads_in_language.ipynb solutions/08_mha_to_gqa.ipynb
+            solutions/04_what_heads_learn.ipynb solutions/05_heads_in_language.ipynb solutions/08_mha_to_gqa.ipynb \
+            solutions/10_choosing_a_variant.ipynb
 
 # One stage of make test: its command, then its time (and FAILED when it failed).
 define stage

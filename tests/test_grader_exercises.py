@@ -210,6 +210,35 @@ def mean_pool_kv(weight, num_heads, num_kv_heads):
     groups = weight.view(num_kv_heads, num_heads // num_kv_heads, head_dim, d_model)
     return groups.mean(dim=1).reshape(num_kv_heads * head_dim, d_model)
 ''',
+    "10_choosing_a_variant": '''
+import numpy as np
+
+def cache_bytes(num_layers, num_tokens, num_kv_heads=1, head_dim=1, kv_lora_rank=None, rope_head_dim=0, window=None,
+                bytes_per_element=2):
+    positions = min(num_tokens, window) if window else num_tokens
+    numbers = (kv_lora_rank + rope_head_dim) if kv_lora_rank else 2 * num_kv_heads * head_dim
+    return int(np.prod([num_layers, positions, numbers, bytes_per_element], dtype=np.int64))
+
+def recall_accuracy(logits, tokens, mask):
+    hits = total = 0
+    for row in range(len(tokens)):
+        for i in range(1, len(tokens[row])):
+            if mask[row][i]:
+                total += 1
+                hits += int(np.argmax(logits[row][i - 1]) == tokens[row][i])
+    return hits / total
+
+def pareto_front(costs, qualities):
+    order = sorted(range(len(costs)), key=lambda i: (costs[i], -qualities[i]))
+    keep = [False] * len(costs)
+    best, best_cost = -np.inf, None
+    for i in order:
+        if qualities[i] > best or (qualities[i] == best and costs[i] == best_cost):
+            keep[i] = True
+            if qualities[i] > best:
+                best, best_cost = qualities[i], costs[i]
+    return np.array(keep)
+''',
 }
 
 ANSWERS["09_beyond_gqa"] = ANSWER_09

@@ -83,6 +83,29 @@ def edit(source, old, new, prefix=""):
     return prefix + source.replace(old, new)
 
 
+CACHE10 = """
+def cache_bytes(num_layers, num_tokens, num_kv_heads=1, head_dim=1, kv_lora_rank=None, rope_head_dim=0, window=None,
+                bytes_per_element=2):
+    held = num_tokens if window is None else min(num_tokens, window)
+    if kv_lora_rank is not None:
+        per = kv_lora_rank + rope_head_dim
+    else:
+        per = 2 * num_kv_heads * head_dim
+    return num_layers * held * per * bytes_per_element
+"""
+RECALL10 = """
+def recall_accuracy(logits, tokens, mask):
+    logits, tokens, mask = np.asarray(logits), np.asarray(tokens), np.asarray(mask)
+    right = logits[:, :-1].argmax(-1) == tokens[:, 1:]
+    return float(right[mask[:, 1:]].mean())
+"""
+FRONT10 = """
+def pareto_front(costs, qualities):
+    c, q = np.asarray(costs, dtype=float), np.asarray(qualities, dtype=float)
+    return np.array([not ((c <= c[i]) & (q >= q[i]) & ((c < c[i]) | (q > q[i]))).any() for i in range(len(c))])
+"""
+
+
 # (exercise, graded check, the rule as the exercise states it, the mutant's source (appended to
 # the correct answer, so it replaces one function), words the feedback of both judges contains,
 # or (the grader's words, check()'s words) where check() reports an earlier visible test)
@@ -229,6 +252,35 @@ MUTANTS = [
      "\ndef mean_pool_kv(weight, num_heads, num_kv_heads):\n    rows, d_model = weight.shape\n    hd = rows // num_heads\n"
      "    return weight.reshape(num_kv_heads, num_heads // num_kv_heads, hd, d_model).sum(1).reshape(-1, d_model)\n",
      "mean"),
+    # ------------------------------------------------------------------ 10
+    ("10", "cache_bytes", "latent attention caches one latent and one rotated key: no factor 2",
+     CACHE10.replace("per = kv_lora_rank + rope_head_dim", "per = 2 * (kv_lora_rank + rope_head_dim)"), "no factor 2"),
+    ("10", "cache_bytes", "a window holds min(num_tokens, window) positions",
+     CACHE10.replace("held = num_tokens if window is None else min(num_tokens, window)", "held = num_tokens"),
+     "min(num_tokens, window)"),
+    ("10", "cache_bytes", "bytes_per_element as given, not always fp16's 2",
+     CACHE10.replace("* bytes_per_element", "* 2"), "not always 2"),
+    ("10", "cache_bytes", "the rotated key counted with the latent",
+     CACHE10.replace("per = kv_lora_rank + rope_head_dim", "per = kv_lora_rank"), "count the rotated key"),
+    ("10", "recall_accuracy", "the logits at position i predict token i + 1",
+     RECALL10.replace("logits[:, :-1].argmax(-1) == tokens[:, 1:]", "logits[:, 1:].argmax(-1) == tokens[:, 1:]"),
+     "logits[:, :-1]"),
+    ("10", "recall_accuracy", "only the answers are scored",
+     RECALL10.replace("right[mask[:, 1:]]", "right"), "only the answers"),
+    ("10", "recall_accuracy", "every answer weighs alike (not the mean of the rows)",
+     RECALL10.replace("return float(right[mask[:, 1:]].mean())",
+                      "return float(np.mean([r[m].mean() for r, m in zip(right, mask[:, 1:]) if m.any()]))"),
+     "mean of each row"),
+    ("10", "pareto_front", "dominated by a point as cheap and better, or cheaper and as good",
+     FRONT10.replace("(c <= c[i]) & (q >= q[i]) & ((c < c[i]) | (q > q[i]))", "(c < c[i]) & (q > q[i])"),
+     "one inequality strict"),
+    ("10", "pareto_front", "two equal points are both kept",
+     FRONT10.replace("(c <= c[i]) & (q >= q[i]) & ((c < c[i]) | (q > q[i]))",
+                     "(c <= c[i]) & (q >= q[i]) & (np.arange(len(c)) != i)"),
+     "keep both"),
+    ("10", "pareto_front", "higher quality is better",
+     FRONT10.replace("(q >= q[i])", "(q <= q[i])").replace("(q > q[i])", "(q < q[i])"),
+     "higher quality is better"),
 ]
 IDS = [f"{ex}-{name}-{rule}"[:90] for ex, name, rule, _, _ in MUTANTS]
 

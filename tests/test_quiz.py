@@ -215,15 +215,15 @@ def test_in_proj_answer_matches_the_stored_layout():
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
-NEW = ("01", "04", "05", "08", "09")
+NEW = ("01", "04", "05", "08", "09", "10")
 
 
-def test_the_course_has_nine_notebooks_and_every_question_names_one():
-    assert sorted(NOTEBOOKS) == ["01", "02", "03", "04", "05", "06", "07", "08", "09"]
+def test_the_course_has_ten_notebooks_and_every_question_names_one():
+    assert sorted(NOTEBOOKS) == ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10"]
     assert {qid.split(".")[0] for qid in QUESTIONS} == set(NOTEBOOKS)
 
 
-@pytest.mark.parametrize("nb", ["01", "02", "03", "04", "05", "06", "07", "08", "09"])
+@pytest.mark.parametrize("nb", ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10"])
 def test_every_notebook_has_a_quiz_of_at_least_three_checked_questions(nb):
     qs = questions(nb)
     assert len(qs) >= 3
@@ -293,6 +293,12 @@ PRINTED = {
     "09.merge": [("0.25", "merged = 0.25 o1 + 0.75 o2"), ("0.75", "[0.25, 0.75]"),
                  ("merge without the max", "merge without the max: [nan, nan]")],
     "09.absorb": [("576", "MLA (DeepSeek-V3)                      576")],
+    "10.latent_bytes": [("5,120", "5,120 (0.156)"), ("0.156", "(0.156)"), ("32,768", "32,768 (1.000)")],
+    "10.window_learned": [("0.296", "1-7: 0.296"), ("1.000", "1-7: 1.000"),
+                          ("19%", "window 16: the pair is in view for 19% of the answers"),
+                          ("0.245", "1-7: 0.245")],
+    "10.many_tests": [("0.031", "5 of 5 (p 0.031)"), ("44 comparisons", "44 comparisons"),
+                      ("1.4", "about 1.4 of them would reach 5 of 5"), ("4 of 5", "4 of 5 (p 0.188)")],
     "09.crossover": [("25,205", "crossover at batch x context = 25,205 tokens"),
                      ("1.17", "a step 1.17x smaller at batch 1 x 1,024 tokens"),
                      ("805,306,368", "805,306,368 fewer parameters (12.0%)"), ("12.0", "(12.0%)"),

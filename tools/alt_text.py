@@ -304,6 +304,30 @@ ALT: dict[str, dict[str, list[str]]] = {
             "first-head models follow; random ones stay near 3 for 100 to 200 steps and are still "
             "the highest at step 300. Each curve has its own marker."],
     },
+    "notebooks/10_choosing_a_variant.ipynb": {
+        "n10-13": [
+            "Two line charts of recall, the mean of 5 seeds, one line per attention variant (each with its own "
+            "marker and dash). Left: recall against the number of key-value pairs, 4 to 32. MHA, GQA-4, GQA-2, "
+            "MQA, MLA-16 and MLA-32 lie together at the top, between 0.99 and 1.0, at every count; the four "
+            "windows lie near the bottom, from about 0.3 at 4 pairs down to about 0.1 at 32; a grey line marks "
+            "chance, 1/16. Right: recall against the distance from the asked key back to its pair, in bands "
+            "1-7, 8-15, 16-31 and 32-63 positions: the full-cache variants stay at 1.0 in every band, the "
+            "windows between about 0.16 and 0.30 in every band, inside their window or not."],
+        "n10-20": [
+            "Three scatter charts, one point per variant at the mean of 5 seeds with a grey bar for the range of "
+            "the seeds and a grey line through the frontier; hollow markers are the converted models. Left: "
+            "recall against the cache of a 64-token sequence (log scale, 4 to 32 KiB): every full-cache variant "
+            "sits near 1.0, the windows near 0.17 at 4 and 8 KiB; the frontier runs through MQA at 4 KiB, GQA-2 "
+            "and GQA-4, and MHA at 32 KiB is off it. Middle: the grammar's loss against the same cache, every "
+            "variant between about 1.987 and 1.997 with overlapping ranges; the frontier runs through MQA, "
+            "MLA-16 and SWA-16+sink. Right: recall against the decode time of one step on a log scale, from "
+            "about 40 microseconds for the windows to about 15 milliseconds for MHA and MLA-32; the frontier "
+            "runs through the windows at the left, low, and MQA, GQA-2 and GQA-4 at the top."],
+        "n10-26": [
+            "Still of the trade-off explorer with g = 2: scatter of recall against cache bytes at 64 tokens "
+            "for the 10 measured variants, the frontier drawn through GQA-4, GQA-2 and MQA, and GQA-2 ringed at "
+            "8,192 bytes and recall 1.000, on the frontier."],
+    },
     "notebooks/09_beyond_gqa.ipynb": {
         "5c8d564d": [
             "Log-log chart of the bytes read per decode step at batch 1 in GiB (fp16), against the "

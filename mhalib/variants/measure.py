@@ -146,16 +146,18 @@ def decode_with_caches(model, tokens):
     return torch.cat(steps, dim=1), caches
 
 
-def _decode_shapes(config, num_tokens):
-    """(q, k, v) for one decoding step of one layer of ``config`` over ``num_tokens`` cached tokens."""
-    h, d = config.num_heads, config.head_dim
+def _decode_shapes(config, num_tokens, scale=1):
+    """(q, k, v) for one decoding step of one layer of ``config`` over ``num_tokens`` cached tokens,
+    every width (head, latent, rotated key) multiplied by ``scale``."""
+    h, d = config.num_heads, config.head_dim * scale
     gen = torch.Generator().manual_seed(0)
     if config.kv_lora_rank is not None:  # absorbed MLA: MQA over [latent, rotated key]
-        width = config.kv_lora_rank + config.rope_head_dim
+        rank = config.kv_lora_rank * scale
+        width = rank + config.rope_head_dim * scale
         q = torch.randn(1, h, 1, width, generator=gen)
         k = torch.randn(1, 1, num_tokens, width, generator=gen)
         v = k.clone()
-        v[..., config.kv_lora_rank:] = 0.0  # the value is the latent alone
+        v[..., rank:] = 0.0  # the value is the latent alone
         return q, k, v
     held = num_tokens if config.window is None else min(num_tokens, config.window)
     q = torch.randn(1, h, 1, d, generator=gen)
@@ -164,12 +166,14 @@ def _decode_shapes(config, num_tokens):
     return q, k, v
 
 
-def time_decode(configs, num_tokens=65536, repeats=20, threads=1):
+def time_decode(configs, num_tokens=65536, repeats=20, threads=1, scale=1):
     """Seconds per decoding step of one layer's attention for each config, timed in one run.
 
     Args:
         configs: dict name -> :class:`~mhalib.decoder.DecoderConfig`.
         num_tokens: tokens in the cache (a window holds at most ``window``).
+        scale: every width multiplied by this (16 turns heads of 8 into heads of 128, a latent of
+            16 into one of 256): the same variants at the width of real models' heads.
         repeats: timed calls per config, after one untimed call; the median is kept. The configs
             are timed in turn, ``repeats`` rounds, so that a slow moment of a shared machine
             falls on all of them.
@@ -180,7 +184,7 @@ def time_decode(configs, num_tokens=65536, repeats=20, threads=1):
     """
     from mhalib.fused_decode import fused_decode
 
-    inputs = {name: _decode_shapes(c, num_tokens) for name, c in configs.items()}
+    inputs = {name: _decode_shapes(c, num_tokens, scale) for name, c in configs.items()}
     for q, k, v in inputs.values():
         fused_decode(q, k, v, num_threads=threads)  # compile and warm
     times = {name: [] for name in configs}

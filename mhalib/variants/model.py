@@ -56,7 +56,7 @@ FIXED_WIDTH = {
     "SWA-16+sink": {"window": 16, "num_sinks": 1},
 }
 #: The variants with fewer attention parameters than MHA, at MHA's parameter count.
-FIXED_PARAMS = {f"{name} =params": dict(FIXED_WIDTH[name], match_params=True) for name in ("GQA-2", "MQA", "MLA-16")}
+FIXED_PARAMS = {f"{name} =params": dict(FIXED_WIDTH[name], match_params=True) for name in ("GQA-2", "MQA")}
 #: A configuration the notebook leaves out of its frontier, for the exercise to place on it.
 HELD_BACK = {"SWA-32": {"window": 32}}
 VARIANTS = {**FIXED_WIDTH, **FIXED_PARAMS, **HELD_BACK}

@@ -23,7 +23,7 @@ from mhalib.variants.recall import PAIRS, make_recall
 __all__ = ["RECIPE", "train_variant", "mixed_batch"]
 
 #: The recipe every variant follows (one thread keeps a run reproducible on one machine).
-RECIPE = {"steps": 1500, "batch_size": 32, "lr": 3e-3, "warmup": 100, "threads": 1}
+RECIPE = {"steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup": 100, "threads": 1}
 
 
 def mixed_batch(grammar_rng, grammar, seed, step, batch_size, seq_len):
