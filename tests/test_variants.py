@@ -189,3 +189,35 @@ def test_paired_counts_and_their_null():
     assert paired_against(runs, "loss")["X"]["worse"] == 5  # a higher loss is worse
     table = summarize(runs, "recall")["X"]
     assert table["n"] == 5 and table["min"] == pytest.approx(0.85) and table["max"] == pytest.approx(0.89)
+
+
+def test_the_shipped_run_measures_as_stored():
+    """The weights exercise 10 measures give, measured again now, what variants.json stored for them
+    (accuracies to one item in a thousand: an argmax between two nearly equal logits may flip on
+    another processor; the loss to float32 rounding over the evaluation text)."""
+    import json
+
+    from mhalib.data import DATA_DIR
+    from mhalib.variants import load_variant, measure_quality
+
+    stored = json.loads((DATA_DIR / "variants.json").read_text())["runs"]["SWA-32"]["0"]
+    again = measure_quality(load_variant("SWA-32", 0))
+    assert again["loss"] == pytest.approx(stored["loss"], rel=1e-4)
+    for key in ("agreement", "coreference", "recall"):
+        assert abs(again[key] - stored[key]) <= 1e-3, key
+    for p, value in stored["recall_by_pairs"].items():
+        assert abs(again["recall_by_pairs"][p] - value) <= 2e-3, p
+
+
+def test_every_stored_variant_has_five_seeds_and_its_shape():
+    import json
+
+    from mhalib.data import DATA_DIR
+    from mhalib.variants.model import FIXED_PARAMS, FIXED_WIDTH
+
+    results = json.loads((DATA_DIR / "variants.json").read_text())
+    for name in list(FIXED_WIDTH) + list(FIXED_PARAMS):
+        assert sorted(results["runs"][name]) == ["0", "1", "2", "3", "4"], name
+        config = variant_config(name)
+        assert results["shapes"][name]["parameters"] == parameter_count(config)
+        assert results["shapes"][name]["cache_bytes_64"] == cache_bytes(config, 64)
