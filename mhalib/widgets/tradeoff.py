@@ -95,7 +95,8 @@ def _render(num_kv_heads, latent, window, metric, results):
     ax.set_xlabel("cache of one 64-token sequence, 2 layers, fp16 (bytes)")
     ax.set_ylabel(label + (" (higher is better)" if higher else " (lower is better)"))
     ax.legend(fontsize=7, ncol=2, loc="best")
-    on = "on the frontier" if front[i] else "off the frontier (another variant is as cheap and better)"
+    on = "on the frontier" if front[i] else ("off the frontier (another variant costs no more and is at least as good, "
+                                             "better in one)")
     n = table[name]["n"]
     text = (f"<p><b>{html.escape(name)}</b>: cache {int(costs[i]):,} bytes at 64 tokens "
             f"({costs[i] / results['shapes']['MHA']['cache_bytes_64']:.3g} of MHA's); {html.escape(label)} "

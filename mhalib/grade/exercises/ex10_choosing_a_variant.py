@@ -61,6 +61,8 @@ def judge_bytes(case, got):
     without its rotated key, ``bytes_per_element`` taken as 2, or keys only."""
     if isinstance(got, float) and got == case.expected:
         return "return an int (a number of bytes), not a float: use // or int(...)"
+    if isinstance(got, np.integer) and not isinstance(got, np.bool_):
+        got = int(got)  # a NumPy integer counts as one (docs/exercises.md)
     if type(got) is not int:
         return f"cache_bytes should return an int; got {describe(got)}"
     if got == case.expected:
