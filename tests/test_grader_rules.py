@@ -287,6 +287,9 @@ IDS = [f"{ex}-{name}-{rule}"[:90] for ex, name, rule, _, _ in MUTANTS]
 # Right answers written in another way than ANSWERS: (exercise, what differs, the source appended to
 # the correct answer); each gets full marks from both judges.
 RIGHT = [
+    ("10", "the byte count as a NumPy integer (np.minimum), which counts as an int",
+     CACHE10.replace("held = num_tokens if window is None else min(num_tokens, window)",
+                     "held = num_tokens if window is None else np.minimum(num_tokens, window)")),
     ("07", "a ValueError that names H and g in its own words, without 'divisible' or 'multiple'",
      edit(GQA, 'raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")',
           'raise ValueError(f"cannot split {num_heads} query heads into {num_kv_heads} equal groups")', "\n")),
