@@ -67,3 +67,17 @@ def test_missing_measurements_are_a_message():
     assert not view.ok and "MQA was not trained" in view.text and "Traceback" not in view.text
     broken = render_tradeoff(8, "none", "none", "recall", results={"nothing": 1})
     assert not broken.ok and "could not be drawn" in broken.text
+
+
+def test_moving_one_slider_always_changes_what_is_shown():
+    """A keyboard user moving any one slider sees the view change (the browser test walks them so)."""
+    results = fake_results()
+    options = {"num_kv_heads": KV_OPTIONS, "latent": LATENT_OPTIONS, "window": WINDOW_OPTIONS, "metric": tuple(METRICS)}
+    for g, latent, window, metric in itertools.product(KV_OPTIONS, LATENT_OPTIONS, WINDOW_OPTIONS, METRICS):
+        here = {"num_kv_heads": g, "latent": latent, "window": window, "metric": metric}
+        shown = render_tradeoff(**here, results=results).text
+        for name, values in options.items():
+            for value in values:
+                if value != here[name]:
+                    moved = dict(here, **{name: value})
+                    assert render_tradeoff(**moved, results=results).text != shown, (here, name, value)

@@ -37,7 +37,8 @@ def configuration_name(num_kv_heads, latent, window):
         ``(name, None)`` or ``(None, why)``.
     """
     if latent != "none" and window != "none":
-        return None, "latent attention with a window was not trained: choose a latent size or a window, not both"
+        return None, (f"latent attention with a window (MLA-{latent} with a window of {window}) was not trained: "
+                      f"choose a latent size or a window, not both")
     if latent != "none":
         if num_kv_heads != 8:
             return None, (f"latent attention caches one latent for all 8 heads: it has no K/V heads to group "
@@ -45,7 +46,8 @@ def configuration_name(num_kv_heads, latent, window):
         return f"MLA-{latent}", None
     if window != "none":
         if num_kv_heads != 8:
-            return None, f"the windows were trained with 8 K/V heads; g = {num_kv_heads} with a window was not trained"
+            return None, (f"the windows were trained with 8 K/V heads; g = {num_kv_heads} with a window of {window} "
+                          f"was not trained")
         w = str(window).replace(" + sink", "")
         return f"SWA-{w}" + ("+sink" if "sink" in str(window) else ""), None
     return {8: "MHA", 4: "GQA-4", 2: "GQA-2", 1: "MQA"}.get(num_kv_heads), None
@@ -74,7 +76,8 @@ def _render(num_kv_heads, latent, window, metric, results):
     name, why = configuration_name(num_kv_heads, latent, window)
     measured = [v for v in FIXED_WIDTH if v in results["runs"]]
     if name is None or name not in results["runs"]:
-        return message((why or f"{name} was not trained") + ". Measured: " + ", ".join(measured) + ".")
+        chosen = f"g = {num_kv_heads}, latent {latent}, window {window}, showing {metric}: "
+        return message(chosen + (why or f"{name} was not trained") + ". Measured: " + ", ".join(measured) + ".")
     key, label, higher = METRICS[metric]
     table = summarize({v: results["runs"][v] for v in measured}, key)
     costs = np.array([results["shapes"][v]["cache_bytes_64"] for v in measured], dtype=float)
