@@ -11,7 +11,6 @@ clipped at norm 1.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from mhalib.decoder import Decoder
