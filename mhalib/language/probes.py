@@ -48,8 +48,10 @@ from mhalib.language.grammar import (ADVERBS, BOS, INTRANSITIVE, NAMES, PEOPLE, 
 from mhalib.language.training import TRAIN_STREAM
 from mhalib.runtime import measuring
 
-__all__ = ["PROBE_KINDS", "HELD_OUT", "CONTROL", "SAME_NUMBER", "STRUCTURE", "ADVERB", "ProbeSet", "make_probe_set",
-           "shallow_baselines", "attractor_matches", "probe_tokens", "probe_margins", "margins_from_logits",
+__all__ = ["PROBE_KINDS", "HELD_OUT", "CONTROL", "SAME_NUMBER", "STRUCTURE", "ADVERB", "ACROSS", "BALANCED_POOL",
+           "BALANCE_BAND", "ProbeSet", "make_probe_set", "balanced_probe_set", "concat_probe_sets", "subset_probe_set",
+           "rule_votes",
+           "shallow_baselines", "shallow_votes", "attractor_matches", "probe_tokens", "probe_margins", "margins_from_logits",
            "probe_accuracy", "Bigram", "NGram"]
 
 PROBE_KINDS = ("agreement", "coreference")
@@ -124,8 +126,23 @@ STRUCTURE = {"agreement": ("orc_verb", "centre")}
 #: now | run"); the training text puts adverbs only after verbs. ``"adverb_pp"`` has a
 #: prepositional attractor of a number drawn at random, ``"adverb"`` none.
 ADVERB = {"agreement": ("adverb_pp", "adverb")}
+#: The verb inside an object relative clause whose subject has a prepositional phrase of its
+#: own ("the dog that the cats near the house | chase"): never in the training text (its
+#: relative clauses have no phrases inside them). The nearest noun, the first noun outside
+#: phrases and the noun 5 words back all have numbers drawn apart from the answer.
+ACROSS = {"agreement": ("orc_verb_pp",)}
 #: Constructions built word by word for probes only (:func:`_built_item`), not by the grammar.
-_BUILT = STRUCTURE["agreement"] + ADVERB["agreement"]
+_BUILT = STRUCTURE["agreement"] + ADVERB["agreement"] + ACROSS["agreement"]
+#: What :func:`balanced_probe_set` draws its pool from: main verbs across an attractor of
+#: either number, and verbs inside an object relative clause (every one in the training text).
+BALANCED_POOL = {"agreement": (AGREEMENT_CONSTRUCTIONS + SAME_NUMBER["agreement"], ("orc_verb",))}
+#: How far from 1/2 a rule may score on a balanced set (:func:`balanced_probe_set`). The
+#: search stops as soon as every rule is inside, so several sit at the band's edge: the
+#: verbs inside a clause are right for every local rule and the main verbs for both
+#: first-noun rules, so about half of each is needed, and little room is left.
+BALANCE_BAND = 0.05
+#: :func:`balanced_probe_set` draws ``POOL_FACTOR * n`` items of each half of its pool.
+POOL_FACTOR = 3
 
 
 def _agreement_item(grammar, rng, construction):
@@ -164,12 +181,14 @@ def _built_item(grammar, rng, construction, seq_len):
     answer = grammar._choice(rng, ("sg", "pl"))
     intro_kind = grammar._choice(rng, ("none", "pp", "clause"))
     words, _ = grammar.intro(rng, intro_kind, {"kind": "thing", "number": grammar._choice(rng, ("sg", "pl"))})
-    if construction in ("orc_verb", "centre"):
+    if construction in ("orc_verb", "centre", "orc_verb_pp"):
         outer, outer_number = thing()
         words += outer + ["that"]
         key = len(words) + 1
         inner, _ = thing(answer)
         words += inner
+        if construction == "orc_verb_pp":  # "the dog that the cats near the house | chase"
+            words += [grammar._choice(rng, PREPOSITIONS)] + thing()[0]
         if construction == "centre":  # "the dog that the cats that the bird sees | chase"
             third, third_number = thing()
             words += ["that"] + third + [_verb(grammar._choice(rng, TRANSITIVE), third_number)]
@@ -236,7 +255,8 @@ def make_probe_set(kind, n, seed, seq_len=SEQ_LEN, constructions=None):
         seq_len: tokens per sequence.
         constructions: which constructions to draw from (uniformly). Default: the
             constructions of the module docstring. Also allowed: :data:`HELD_OUT` (never in
-            the training text) and :data:`CONTROL` (agreement without an attractor).
+            the training text), :data:`CONTROL` (agreement without an attractor),
+            :data:`SAME_NUMBER`, :data:`STRUCTURE`, :data:`ADVERB` and :data:`ACROSS`.
 
     Returns:
         a :class:`ProbeSet`. Every item has a noun before the subject (agreement) or before
@@ -251,7 +271,7 @@ def make_probe_set(kind, n, seed, seq_len=SEQ_LEN, constructions=None):
     default = AGREEMENT_CONSTRUCTIONS if kind == "agreement" else COREFERENCE_CONSTRUCTIONS
     # (new constructions go at the end: a set's stream number comes from this order)
     allowed = default + HELD_OUT[kind] + CONTROL.get(kind, ()) + SAME_NUMBER.get(kind, ()) + \
-        STRUCTURE.get(kind, ()) + ADVERB.get(kind, ())
+        STRUCTURE.get(kind, ()) + ADVERB.get(kind, ()) + ACROSS.get(kind, ())
     constructions = default if constructions is None else tuple(constructions)
     if not constructions or any(c not in allowed for c in constructions):
         raise ValueError(f"constructions for {kind!r} must be a non-empty list from {allowed}; got {constructions!r}")
@@ -284,6 +304,118 @@ def make_probe_set(kind, n, seed, seq_len=SEQ_LEN, constructions=None):
     as_int = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
     return ProbeSet(kind, as_int(rows), as_int(positions), as_int(correct), as_int(wrong), as_int(keys),
                     np.array(built), np.array(answers), as_int(second))
+
+
+def concat_probe_sets(sets):
+    """One :class:`ProbeSet` of the items of ``sets`` (of one kind and one sequence length), in order."""
+    sets = list(sets)
+    if not sets or any(not isinstance(p, ProbeSet) for p in sets):
+        raise ValueError("sets must be a non-empty list of ProbeSet")
+    if len({p.kind for p in sets}) > 1 or len({p.tokens.shape[1] for p in sets}) > 1:
+        raise ValueError(f"sets must share one kind and one sequence length; got "
+                         f"{sorted({(p.kind, p.tokens.shape[1]) for p in sets})}")
+    join = lambda field: np.concatenate([getattr(p, field) for p in sets])  # noqa: E731
+    return ProbeSet(sets[0].kind, *(join(f) for f in ("tokens", "positions", "correct", "wrong", "keys",
+                                                        "constructions", "answers", "second_keys")))
+
+
+def subset_probe_set(probes, index):
+    """The items ``index`` (an array of item numbers, or a boolean mask) of ``probes``."""
+    _check_probes(probes)
+    pick = lambda field: getattr(probes, field)[index]  # noqa: E731
+    return ProbeSet(probes.kind, *(pick(f) for f in ("tokens", "positions", "correct", "wrong", "keys",
+                                                       "constructions", "answers", "second_keys")))
+
+
+_RULE_MODELS = {}
+
+
+def rule_votes(probes):
+    """Item by item, what every rule without syntax scores: :func:`shallow_votes` and the n-grams.
+
+    The bigram and the 5-gram are counted on the training text (:class:`Bigram`,
+    :class:`NGram` with their defaults, built once and kept); a tie counts 1/2.
+
+    Returns:
+        dict rule -> ``(n,)`` float array of 1, 0 or 1/2.
+    """
+    if not _RULE_MODELS:
+        _RULE_MODELS.update(bigram=Bigram(), ngram=NGram())
+    votes = shallow_votes(probes)
+    margins = _RULE_MODELS["bigram"].margins(probes)
+    votes["bigram"] = (margins > 0) + 0.5 * (margins == 0)
+    votes["5-gram"] = _RULE_MODELS["ngram"].votes(probes)
+    return votes
+
+
+def balanced_probe_set(n, seed, seq_len=SEQ_LEN, kind="agreement"):
+    """``n`` agreement items on which every rule of :func:`rule_votes` scores 1/2 +- :data:`BALANCE_BAND`.
+
+    A probe that one rule without syntax passes cannot tell a model that uses the rule from
+    one that follows the grammar. This set is built so that none passes: a pool of
+    ``2 * POOL_FACTOR * n`` items is drawn (half main verbs across an attractor of either number, "the key near the
+    cabinets | is"; half verbs inside an object relative clause, "the dog that the cats |
+    chase"; :data:`BALANCED_POOL`), and ``n`` of them are kept by a seeded search that swaps
+    one item in for one item out whenever that brings every rule's score (and the share of
+    singular answers) no further from a band a little inside :data:`BALANCE_BAND`. The main verb follows the first
+    noun outside phrases and the second-nearest noun; the verb in the clause follows the
+    nearest noun and the previous word; so a set that defeats each of them needs both, with
+    the numbers of the other nouns chosen against whichever rule the rest favour.
+
+    What it does not defeat: a rule built from two of these (the first noun outside
+    phrases after a phrase, the nearest noun inside a clause) passes it; it is finite-state,
+    and so is the language. The selection looks at these rules only, never at a model.
+
+    Args:
+        n: number of items (at least 20).
+        seed: seed of the pool and of the search; the same arguments give the same set.
+        seq_len: tokens per sequence.
+        kind: "agreement" (the only kind: in this grammar a pronoun always refers to the
+            subject of the previous main clause, which is the first noun outside phrases).
+
+    Returns:
+        a :class:`ProbeSet` whose ``constructions`` name each item's construction.
+
+    Raises:
+        RuntimeError: when the search cannot bring a rule into the band (it names the rule).
+    """
+    if kind != "agreement":
+        raise ValueError(f"kind must be 'agreement' (a pronoun of this grammar always refers to the first noun "
+                         f"outside phrases of the previous sentence, so no coreference set defeats that rule); "
+                         f"got {kind!r}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 20:
+        raise ValueError(f"n must be an int of at least 20; got {n!r}")
+    main, inner = BALANCED_POOL[kind]
+    pool = concat_probe_sets([make_probe_set(kind, POOL_FACTOR * n, seed, seq_len, constructions=main),
+                              make_probe_set(kind, POOL_FACTOR * n, seed, seq_len, constructions=inner)])
+    votes = rule_votes(pool)
+    rules = [r for r in votes if r != "majority"]  # the majority is the share of singular answers
+    scores = np.stack([votes[r] for r in rules] + [(pool.answers == "sg").astype(float)], axis=1)
+    rng = np.random.default_rng([seed, 29])
+    chosen = rng.permutation(len(pool))
+    inside, outside = chosen[:n].copy(), chosen[n:].copy()
+
+    aim = 0.8 * BALANCE_BAND  # aim inside the band, so that the scores do not end on its edge
+
+    def distance(total):  # how far the scores lie outside the aimed band, squared and summed
+        return float((np.maximum(np.abs(total / n - 0.5) - aim, 0.0) ** 2).sum())
+
+    total = scores[inside].sum(axis=0)
+    cost = distance(total)
+    for _ in range(200 * n):
+        if cost == 0.0:
+            break
+        i, o = rng.integers(n), rng.integers(len(outside))
+        swapped = total - scores[inside[i]] + scores[outside[o]]
+        new = distance(swapped)
+        if new <= cost:
+            inside[i], outside[o] = outside[o], inside[i]
+            total, cost = swapped, new
+    if np.abs(total / n - 0.5).max() > BALANCE_BAND + 1e-9:
+        worst = rules + ["share of singular answers"]
+        off = {w: round(float(t / n), 3) for w, t in zip(worst, total) if abs(t / n - 0.5) > BALANCE_BAND}
+        raise RuntimeError(f"no balanced set of {n} items found for seed {seed}: outside 0.5 +- {BALANCE_BAND}: {off}")
+    return subset_probe_set(pool, np.sort(inside))
 
 
 def _check_probes(probes):
@@ -418,7 +550,17 @@ def shallow_baselines(probes):
     so does a rule that finds no noun (or a tie).
 
     Returns:
-        dict rule -> accuracy in [0, 1].
+        dict rule -> accuracy in [0, 1]: the mean of :func:`shallow_votes`.
+    """
+    return {rule: float(np.mean(votes)) for rule, votes in shallow_votes(probes).items()}
+
+
+def shallow_votes(probes):
+    """Item by item, what each rule of :func:`shallow_baselines` scores: 1, 0 or 1/2.
+
+    Returns:
+        dict rule -> ``(n,)`` float array (the ``"majority"`` rule votes for the more frequent
+        answer of this set).
     """
     _check_probes(probes)
     kind = probes.kind
@@ -445,15 +587,17 @@ def shallow_baselines(probes):
         verbs = [int(row[i]) for i in scope if int(row[i]) in _VERB_NUMBER and row[i - 1] != _NOT]
         verb.append(float(_VERB_NUMBER[verbs[-1]] == answer) if verbs and answer in ("sg", "pl") else 0.5)
     answers = list(probes.answers)
-    majority = 0.0
+    majority = np.zeros(len(answers))
     for pair in (("sg", "pl"), ("m", "f")):
         counts = [answers.count(a) for a in pair]
-        majority += max(counts)
-    return {"first noun": float(np.mean(first)), "first noun outside phrases": float(np.mean(outside)),
-            "nearest noun": float(np.mean(nearest)), "majority": majority / len(answers),
-            "second-nearest noun": float(np.mean(second)), "opposite of the nearest noun": float(np.mean(opposite)),
-            f"noun {FIXED_OFFSET} words back": float(np.mean(offset)), "majority of nouns": float(np.mean(most)),
-            "last finite verb": float(np.mean(verb))}
+        winner = pair[int(np.argmax(counts))]
+        majority += np.array([a == winner for a in answers], dtype=float)
+    as_array = lambda v: np.asarray(v, dtype=float)  # noqa: E731
+    return {"first noun": as_array(first), "first noun outside phrases": as_array(outside),
+            "nearest noun": as_array(nearest), "majority": majority,
+            "second-nearest noun": as_array(second), "opposite of the nearest noun": as_array(opposite),
+            f"noun {FIXED_OFFSET} words back": as_array(offset), "majority of nouns": as_array(most),
+            "last finite verb": as_array(verb)}
 
 
 def _after_phrase_word(row, i, start):
