@@ -1,8 +1,9 @@
 """The fused decode kernel (mhalib.fused_decode) against PyTorch's SDPA with enable_gqa.
 
-Every group size H/g the kernel may meet (each path of its register blocks: four queries at a
-time, the one-query remainder, both), caches of odd lengths that end inside a tile, and
-batches of several sequences; its exponential and its power of two against float64. No
+Every group size H/g the kernel may meet (each path of its register blocks: eight queries at a
+time, four, the one-query remainder, and their mixtures), caches of odd lengths that end inside a
+tile of either length (32 keys at d_head 128, 64 at d_head 64 and below), and batches of several
+sequences; its exponential and its power of two against float64. No
 timing is asserted here: speed is for benchmarks/bench_decode.py.
 """
 
@@ -21,15 +22,17 @@ import torch.nn.functional as F
 pytest.importorskip("numba")
 
 from mhalib import fused_decode as fd  # noqa: E402
-from mhalib.fused_decode import KEY_BLOCK, TILE, fused_decode  # noqa: E402
+from mhalib.fused_decode import KEY_BLOCK, fused_decode, tile_keys  # noqa: E402
 from tolerance import float_tol
 
 H, D = 8, 16
 #: (H, g, d_head): the benchmark's sweep at H = 32, real models' shapes (Qwen2-7B, Qwen2.5-14B,
-#: Llama-2-70B, Falcon-40B, Falcon-7B) and every remainder of H/g modulo 4 on its own.
+#: Llama-2-70B, Falcon-40B, Falcon-7B), every remainder of H/g modulo 4 on its own, and the mixtures
+#: of the value pass's blocks: 8 + 1 (R = 9), 8 + 4 (12), 8 + 4 + 1 (13), 8 + 8 + 1 (17), 8 + 8 + 4 (20).
 SHAPES = ([(32, g, 128) for g in (32, 16, 8, 4, 2, 1)]
           + [(28, 4, 128), (40, 8, 128), (64, 8, 128), (128, 8, 64), (71, 1, 64)]
-          + [(2, 1, 16), (3, 1, 16), (6, 1, 16), (7, 1, 16), (9, 1, 16), (13, 1, 16)])
+          + [(2, 1, 16), (3, 1, 16), (6, 1, 16), (7, 1, 16), (9, 1, 16), (12, 1, 16), (13, 1, 16), (17, 1, 16),
+             (20, 1, 16)])
 
 
 def inputs(batch, g, n, seed=0, h=H, d=D):
@@ -52,7 +55,7 @@ def test_fused_decode_equals_sdpa_enable_gqa(g, n, batch):
 
 
 @pytest.mark.parametrize("h, g, d", SHAPES, ids=[f"H{h}-g{g}-d{d}" for h, g, d in SHAPES])
-@pytest.mark.parametrize("n", [1, 3, TILE + 5, 2 * KEY_BLOCK + 37])
+@pytest.mark.parametrize("n", [1, 3, 69, 2 * KEY_BLOCK + 37])
 def test_every_group_size_equals_sdpa(h, g, d, n):
     # Two sequences; a cache that ends inside a tile, inside a group of four keys, after one key.
     q, k, v = inputs(2, g, n, seed=h + g + n, h=h, d=d)
@@ -62,27 +65,38 @@ def test_every_group_size_equals_sdpa(h, g, d, n):
     torch.testing.assert_close(got, want, **float_tol(torch.float32, d + 2 * n))
 
 
-@pytest.mark.parametrize("n", list(range(TILE - 3, TILE + 5)) + [2 * TILE + 1, 2 * TILE + 2, 2 * TILE + 3])
-@pytest.mark.parametrize("h", [5, 7])
-def test_tiles_that_are_not_whole_groups_of_keys(n, h):
-    # Pairs of keys in the scores, fours in the values: every tail of a tile, with both query paths.
-    q, k, v = inputs(3, 1, n, seed=n, h=h)
+def test_a_tile_holds_16_kib_of_key_rows_and_32_to_64_keys():
+    assert [tile_keys(d) for d in (256, 128, 64, 32, 16, 8)] == [32, 32, 64, 64, 64, 64]
+    assert all(tile_keys(d) * d * 4 == fd.TILE_BYTES for d in (128, 64))
+
+
+@pytest.mark.parametrize("tail", list(range(-3, 5)) + [33, 34, 35])
+@pytest.mark.parametrize("h", [5, 7, 13])
+@pytest.mark.parametrize("d", [16, 128])
+def test_tiles_that_are_not_whole_groups_of_keys(tail, h, d):
+    # Pairs of keys in the scores, fours in the values: every tail of a tile (64 keys at d = 16,
+    # 32 at d = 128), with every query path: 4 + 1 (H/g = 5), 8 (7, padded), 8 + 4 + 1 (13).
+    tile = tile_keys(d)
+    n = tile + tail if tail < 33 else 2 * tile + tail - 32
+    q, k, v = inputs(3, 1, n, seed=n, h=h, d=d)
     want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    torch.testing.assert_close(fused_decode(q, k, v, block=2 * TILE), want, **float_tol(torch.float32, D + 2 * n))
+    torch.testing.assert_close(fused_decode(q, k, v, block=2 * tile), want, **float_tol(torch.float32, d + 2 * n))
 
 
 @pytest.mark.parametrize("direction", [1.0, -1.0])
 def test_a_running_maximum_that_moves_in_every_tile(direction):
     # Scores that grow along the cache make every tile rescale what it summed before; scores
     # that fall make none do so. Both must give the softmax over all keys.
-    n, d = 5 * TILE + 3, 16
+    d = 16
+    n = 5 * tile_keys(d) + 3
     q = torch.zeros(2, 8, 1, d)
     q[..., 0] = 4.0  # times 1 / sqrt(16): the score of key t is k[t, 0]
     k = torch.randn(2, 2, n, d)
     k[..., 0] = direction * torch.linspace(-30.0, 30.0, n)
     v = torch.randn(2, 2, n, d)
     want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    torch.testing.assert_close(fused_decode(q, k, v, block=2 * TILE), want, **float_tol(torch.float32, d + 2 * n))
+    torch.testing.assert_close(fused_decode(q, k, v, block=2 * tile_keys(d)), want,
+                               **float_tol(torch.float32, d + 2 * n))
 
 
 @contextlib.contextmanager
@@ -205,20 +219,26 @@ def test_fused_decode_with_a_cache_view_and_two_threads():
         torch.testing.assert_close(got, want, **float_tol(torch.float32, D + 2 * 900))
 
 
-def test_plain_python_kernel_equals_the_compiled_one():
+@pytest.mark.parametrize("rep", [7, 13])
+def test_plain_python_kernel_equals_the_compiled_one(rep):
     # The same source runs without Numba (prange = range, no prefetch, Python helpers): slow,
-    # and the same numbers. H/g = 7 takes both query paths; 37 keys end inside a tile.
-    q, k, v = inputs(1, 2, 37, h=14, d=8)
-    d, rep = 8, 7
-    qg = (q / math.sqrt(d)).reshape(1, 2, rep, d).numpy()  # (B, g, R, d)
-    m = np.empty((1, 2, 2, rep), np.float32)
-    l, acc, out = np.empty_like(m), np.empty((1, 2, 2, rep, d), np.float32), np.empty((1, 2, rep, d), np.float32)
+    # and the same numbers. H/g = 7 runs as 8 (two blocks of four queries in the scores, one of
+    # eight in the values); 13 takes every path: 8 + 4 + 1. 70 keys: a tile of 64, then 6 keys.
+    n, d = 70, 8
+    q, k, v = inputs(1, 2, n, h=2 * rep, d=d)
+    padded = fd.padded_group(rep)
+    qg = np.zeros((1, 2, padded, d), np.float32)  # (B, g, R', d)
+    qg[:, :, :rep] = (q / math.sqrt(d)).reshape(1, 2, rep, d).numpy()
+    m = np.empty((1, 2, 2, padded), np.float32)
+    l, acc = np.empty_like(m), np.empty((1, 2, 2, padded, d), np.float32)
+    out = np.empty((1, 2, padded, d), np.float32)
     with plain_python():
-        fd.block_partials(qg, k.numpy(), v.numpy(), 32, m, l, acc)
+        fd.block_partials(qg, k.numpy(), v.numpy(), 64, m, l, acc)
         fd.merge_blocks(m, l, acc, out)
     assert fd.score_tile is not fd.PLAIN_PYTHON["score_tile"]  # the compiled helpers are back
     want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    torch.testing.assert_close(torch.from_numpy(out).view(1, 14, 1, d), want, **float_tol(torch.float32, d + 2 * 37))
+    got = torch.from_numpy(np.ascontiguousarray(out[:, :, :rep])).view(1, 2 * rep, 1, d)
+    torch.testing.assert_close(got, want, **float_tol(torch.float32, d + 2 * n))
 
 
 @pytest.mark.parametrize("bad, match", [
