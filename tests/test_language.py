@@ -631,9 +631,57 @@ def test_no_rule_passes_the_balanced_agreement_probe_and_the_shipped_model_does(
     assert nearest_nouns_rule(balanced, 1) == pytest.approx(scores["nearest noun"])
     assert nearest_nouns_rule(balanced, 2) == pytest.approx(scores["second-nearest noun"])
     assert all(abs(v - 0.5) <= BALANCE_BAND + 1e-12 for v in scores.values()), scores
+    in_clause = balanced.constructions == "orc_verb"
+    assert in_clause.sum() == 200, "half the items are verbs inside a clause"
+    for part in (in_clause, ~in_clause):  # no cue in the construction alone
+        assert abs(np.mean(balanced.answers[part] == "sg") - 0.5) <= BALANCE_BAND + 1e-12
     default = make_probe_set("agreement", 400, seed)
     assert first_noun_outside_phrases_rule(default) == 1.0, "the balance is not a property of any probe set"
     assert all(probe_accuracy(load_language_model(seed=s), balanced) >= 0.99 for s in SHIPPED_SEEDS)
+
+
+def test_two_finite_state_rules_pass_the_balanced_probe_and_part_company_on_the_held_out_clauses():
+    """Rules that tell a main verb from a verb in a clause (read here from the words, not with the library's
+    readers) pass the balanced set; on the clause inside a clause only the second is right."""
+    from mhalib.language.probes import balanced_probe_set, finite_state_rules
+
+    transitive = {w for w in VOCAB if w in G.TRANSITIVE or w[:-1] in G.TRANSITIVE or w[:-2] in G.TRANSITIVE}
+    lemmas = G.INTRANSITIVE + G.TRANSITIVE + G.WITH_OBJECT_PRONOUN
+    verbs = {w for w in VOCAB if w in ("is", "are", "does", "do") or w.split("-")[0] in lemmas
+             or w.split("-")[0][:-1] in lemmas or w.split("-")[0][:-2] in lemmas}
+    assert {"sees", "see", "crosses", "cross", "greets-him", "greet-them", "sleeps"} <= verbs
+    assert transitive == {f for v in G.TRANSITIVE for f in (v, v + "s", v + "es") if f in VOCAB}
+
+    def by_hand(probes):
+        clause, free = [], []
+        for i in range(len(probes)):
+            words, t, answer = decode(probes.tokens[i]), probes.positions[i], probes.answers[i]
+            start = max(j for j in range(t) if words[j] in (".", "<bos>")) + 1
+            nouns = [j for j in range(start, t) if words[j] in NOUNS - {"it", "they"}]
+            if words[t - 3:t - 1] == ["that", "the"]:
+                clause.append(float(noun_features(words[t - 1])[0] == answer))
+            else:
+                outside = [j for j in nouns if words[j - 1] not in PREPOSITIONS | SUBORDINATORS
+                           and not (words[j - 1] == "the" and words[j - 2] in PREPOSITIONS | SUBORDINATORS)]
+                clause.append(float(noun_features(words[outside[0]])[0] == answer))
+            kept = [j for j in nouns
+                    if words[j - 1 - (words[j - 1] == "the")] not in PREPOSITIONS | SUBORDINATORS | transitive
+                    and not (j + 1 < t and words[j + 1] in verbs)]
+            free.append(float(noun_features(words[kept[-1]])[0] == answer))
+        return np.array(clause), np.array(free)
+
+    balanced = balanced_probe_set(200, TEST_SEED)
+    centre = make_probe_set("agreement", 200, TEST_SEED, constructions=["centre"])
+    names = list(finite_state_rules(balanced))
+    for probes in (balanced, centre):
+        rules = finite_state_rules(probes)
+        for name, hand in zip(names, by_hand(probes)):
+            assert np.array_equal(rules[name], hand), name
+    assert all(v.mean() == 1.0 for v in finite_state_rules(balanced).values())
+    on_centre = finite_state_rules(centre)
+    assert on_centre[names[1]].mean() == 1.0 and abs(on_centre[names[0]].mean() - 0.5) <= 0.1
+    with pytest.raises(ValueError, match="reads agreement items"):
+        finite_state_rules(make_probe_set("coreference", 5, TEST_SEED))
 
 
 def test_the_balanced_probe_and_its_helpers_refuse_what_they_cannot_build():
@@ -641,8 +689,8 @@ def test_the_balanced_probe_and_its_helpers_refuse_what_they_cannot_build():
 
     with pytest.raises(ValueError, match="kind must be 'agreement'.*first noun outside phrases"):
         balanced_probe_set(100, TEST_SEED, kind="coreference")
-    for n in (5, 0, True, 100.0):
-        with pytest.raises(ValueError, match="n must be an int of at least 20"):
+    for n in (99, 0, True, 100.0):
+        with pytest.raises(ValueError, match="n must be an int of at least 100"):
             balanced_probe_set(n, TEST_SEED)
     with pytest.raises(ValueError, match="one kind"):
         concat_probe_sets([make_probe_set("agreement", 5, 1), make_probe_set("coreference", 5, 1)])

@@ -50,7 +50,7 @@ from mhalib.runtime import measuring
 
 __all__ = ["PROBE_KINDS", "HELD_OUT", "CONTROL", "SAME_NUMBER", "STRUCTURE", "ADVERB", "ACROSS", "BALANCED_POOL",
            "BALANCE_BAND", "ProbeSet", "make_probe_set", "balanced_probe_set", "concat_probe_sets", "subset_probe_set",
-           "rule_votes",
+           "rule_votes", "finite_state_rules",
            "shallow_baselines", "shallow_votes", "attractor_matches", "probe_tokens", "probe_margins", "margins_from_logits",
            "probe_accuracy", "Bigram", "NGram"]
 
@@ -137,9 +137,9 @@ _BUILT = STRUCTURE["agreement"] + ADVERB["agreement"] + ACROSS["agreement"]
 #: either number, and verbs inside an object relative clause (every one in the training text).
 BALANCED_POOL = {"agreement": (AGREEMENT_CONSTRUCTIONS + SAME_NUMBER["agreement"], ("orc_verb",))}
 #: How far from 1/2 a rule may score on a balanced set (:func:`balanced_probe_set`). The
-#: search stops as soon as every rule is inside, so several sit at the band's edge: the
-#: verbs inside a clause are right for every local rule and the main verbs for both
-#: first-noun rules, so about half of each is needed, and little room is left.
+#: search aims 0.01 inside it and stops when every rule is there, so several rules end near
+#: 0.54: the verbs inside a clause are right for every local rule and the main verbs for
+#: both first-noun rules, so about half of each is needed, and little room is left.
 BALANCE_BAND = 0.05
 #: :func:`balanced_probe_set` draws ``POOL_FACTOR * n`` items of each half of its pool.
 POOL_FACTOR = 3
@@ -355,23 +355,26 @@ def balanced_probe_set(n, seed, seq_len=SEQ_LEN, kind="agreement"):
     one that follows the grammar. This set is built so that none passes: a pool of
     ``2 * POOL_FACTOR * n`` items is drawn (half main verbs across an attractor of either number, "the key near the
     cabinets | is"; half verbs inside an object relative clause, "the dog that the cats |
-    chase"; :data:`BALANCED_POOL`), and ``n`` of them are kept by a seeded search that swaps
-    one item in for one item out whenever that brings every rule's score (and the share of
-    singular answers) no further from a band a little inside :data:`BALANCE_BAND`. The main verb follows the first
+    chase"; :data:`BALANCED_POOL`), and ``n`` of them, half from each half of the pool, are
+    kept by a seeded search that swaps one item in for one item out of the same half whenever
+    that brings every rule's score, and the share of singular answers within each half, no
+    further from a band a little inside :data:`BALANCE_BAND`. The main verb follows the first
     noun outside phrases and the second-nearest noun; the verb in the clause follows the
     nearest noun and the previous word; so a set that defeats each of them needs both, with
     the numbers of the other nouns chosen against whichever rule the rest favour.
 
-    What it does not defeat: a rule built from two of these (the first noun outside
-    phrases after a phrase, the nearest noun inside a clause) passes it; it is finite-state,
-    and so is the language. The selection looks at these rules only, never at a model.
+    What it does not defeat: every rule above is right on one half and wrong on the other,
+    so any rule that tells the halves apart passes, for instance the two of
+    :func:`finite_state_rules` (1.000). They are finite-state, and so is the language. The
+    selection looks at these rules only, never at a model.
 
     Args:
-        n: number of items (at least 20).
+        n: number of items (at least 100).
         seed: seed of the pool and of the search; the same arguments give the same set.
         seq_len: tokens per sequence.
-        kind: "agreement" (the only kind: in this grammar a pronoun always refers to the
-            subject of the previous main clause, which is the first noun outside phrases).
+        kind: "agreement" (the only kind: in this grammar a pronoun refers to the subject of
+            the previous main clause, and in every coreference probe item that subject is a
+            noun, the first one outside phrases).
 
     Returns:
         a :class:`ProbeSet` whose ``constructions`` name each item's construction.
@@ -380,41 +383,53 @@ def balanced_probe_set(n, seed, seq_len=SEQ_LEN, kind="agreement"):
         RuntimeError: when the search cannot bring a rule into the band (it names the rule).
     """
     if kind != "agreement":
-        raise ValueError(f"kind must be 'agreement' (a pronoun of this grammar always refers to the first noun "
-                         f"outside phrases of the previous sentence, so no coreference set defeats that rule); "
-                         f"got {kind!r}")
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 20:
-        raise ValueError(f"n must be an int of at least 20; got {n!r}")
+        raise ValueError(f"kind must be 'agreement' (in every coreference probe item the antecedent is the first "
+                         f"noun outside phrases of its clause, so no coreference set defeats that rule); got {kind!r}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 100:
+        raise ValueError(f"n must be an int of at least 100 (fewer items leave the search too little room); got {n!r}")
     main, inner = BALANCED_POOL[kind]
-    pool = concat_probe_sets([make_probe_set(kind, POOL_FACTOR * n, seed, seq_len, constructions=main),
-                              make_probe_set(kind, POOL_FACTOR * n, seed, seq_len, constructions=inner)])
+    size = POOL_FACTOR * n
+    pool = concat_probe_sets([make_probe_set(kind, size, seed, seq_len, constructions=main),
+                              make_probe_set(kind, size, seed, seq_len, constructions=inner)])
     votes = rule_votes(pool)
     rules = [r for r in votes if r != "majority"]  # the majority is the share of singular answers
-    scores = np.stack([votes[r] for r in rules] + [(pool.answers == "sg").astype(float)], axis=1)
+    # Half the kept items from each half of the pool, and within each half as many singular
+    # answers as plural ones: otherwise "in a clause say singular" could pass a set where
+    # every rule above is balanced overall.
+    half = np.arange(2 * size) >= size  # False: a main verb; True: a verb inside a clause
+    singular = (pool.answers == "sg").astype(float)
+    columns = rules + ["singular answers among the main verbs", "singular answers among the verbs in a clause"]
+    scores = np.stack([votes[r] for r in rules] + [singular * ~half, singular * half], axis=1)
+    kept = np.array([n // 2] * len(rules) + [n // 2, n - n // 2], dtype=float)  # what each column is a share of
+    scores[:, :len(rules)] /= n
+    scores[:, len(rules):] /= kept[len(rules):]
     rng = np.random.default_rng([seed, 29])
-    chosen = rng.permutation(len(pool))
-    inside, outside = chosen[:n].copy(), chosen[n:].copy()
+    parts = []
+    for h, count in ((False, n // 2), (True, n - n // 2)):
+        order = rng.permutation(np.flatnonzero(half == h))
+        parts.append([order[:count].copy(), order[count:].copy()])
 
     aim = 0.8 * BALANCE_BAND  # aim inside the band, so that the scores do not end on its edge
 
-    def distance(total):  # how far the scores lie outside the aimed band, squared and summed
-        return float((np.maximum(np.abs(total / n - 0.5) - aim, 0.0) ** 2).sum())
+    def distance(share):  # how far the shares lie outside the aimed band, squared and summed
+        return float((np.maximum(np.abs(share - 0.5) - aim, 0.0) ** 2).sum())
 
-    total = scores[inside].sum(axis=0)
-    cost = distance(total)
+    share = sum(scores[inside].sum(axis=0) for inside, _ in parts)
+    cost = distance(share)
     for _ in range(200 * n):
         if cost == 0.0:
             break
-        i, o = rng.integers(n), rng.integers(len(outside))
-        swapped = total - scores[inside[i]] + scores[outside[o]]
+        inside, outside = parts[rng.integers(2)]  # one item in for one out, of the same half
+        i, o = rng.integers(len(inside)), rng.integers(len(outside))
+        swapped = share - scores[inside[i]] + scores[outside[o]]
         new = distance(swapped)
         if new <= cost:
             inside[i], outside[o] = outside[o], inside[i]
-            total, cost = swapped, new
-    if np.abs(total / n - 0.5).max() > BALANCE_BAND + 1e-9:
-        worst = rules + ["share of singular answers"]
-        off = {w: round(float(t / n), 3) for w, t in zip(worst, total) if abs(t / n - 0.5) > BALANCE_BAND}
+            share, cost = swapped, new
+    if np.abs(share - 0.5).max() > BALANCE_BAND + 1e-9:
+        off = {c: round(float(v), 3) for c, v in zip(columns, share) if abs(v - 0.5) > BALANCE_BAND}
         raise RuntimeError(f"no balanced set of {n} items found for seed {seed}: outside 0.5 +- {BALANCE_BAND}: {off}")
+    inside = np.concatenate([parts[0][0], parts[1][0]])
     return subset_probe_set(pool, np.sort(inside))
 
 
@@ -553,6 +568,57 @@ def shallow_baselines(probes):
         dict rule -> accuracy in [0, 1]: the mean of :func:`shallow_votes`.
     """
     return {rule: float(np.mean(votes)) for rule, votes in shallow_votes(probes).items()}
+
+
+_TRANSITIVE_FORMS = {WORD_TO_ID[_verb(v, number)] for v in TRANSITIVE for number in ("sg", "pl")}
+_THAT = WORD_TO_ID["that"]
+
+
+def finite_state_rules(probes):
+    """Item by item, two agreement rules over word categories that tell a main verb from a verb in a clause.
+
+    Every rule of :func:`shallow_baselines` picks one noun by one criterion, and each is right
+    on one kind of verb only. These two switch criterion by what the words around the verb
+    are, with no tree and no memory beyond a few words (finite-state, as the language is):
+
+    * ``"clause: nearest noun, else first noun outside phrases"``: when the three words
+      before the verb are "that the <noun>", the nearest noun; otherwise the first noun
+      outside phrases (:func:`shallow_baselines`);
+    * ``"last noun after no phrase word or verb, before no verb"``: the last noun of the
+      sentence that does not follow a preposition, a subordinator or a transitive verb (a
+      "the" in between is skipped) and does not stand right before a finite verb.
+
+    Both pass :func:`balanced_probe_set` (1.000); they differ on constructions the training
+    text never has (:data:`STRUCTURE`'s ``"centre"``, :data:`ACROSS`), where the second is
+    right and the first is a coin flip.
+
+    Returns:
+        dict rule -> ``(n,)`` float array of 1, 0 or 1/2 (no such noun).
+    """
+    _check_probes(probes)
+    if probes.kind != "agreement":
+        raise ValueError(f"finite_state_rules reads agreement items; got a {probes.kind!r} ProbeSet")
+    clause, free = [], []
+    outside = shallow_votes(probes)["first noun outside phrases"]
+    for i, (row, t, answer) in enumerate(zip(probes.tokens, probes.positions, probes.answers)):
+        row = [int(w) for w in row]
+        if t >= 4 and row[t - 3] == _THAT and row[t - 2] == _THE and row[t - 1] in _NOUN:
+            clause.append(_vote(_NOUN[row[t - 1]], answer, "agreement"))
+        else:
+            clause.append(outside[i])
+        periods = [j for j in range(t) if row[j] == _PERIOD]
+        start = periods[-1] + 1 if periods else 1
+        kept = []
+        for j in range(start, t):
+            if row[j] not in _NOUN:
+                continue
+            before = j - 1 - (row[j - 1] == _THE)
+            after_phrase = before >= start and (row[before] in _SKIP_AFTER or row[before] in _TRANSITIVE_FORMS)
+            if not after_phrase and not (j + 1 < t and row[j + 1] in _VERB_NUMBER):
+                kept.append(row[j])
+        free.append(_vote(_NOUN[kept[-1]], answer, "agreement") if kept else 0.5)
+    return {"clause: nearest noun, else first noun outside phrases": np.asarray(clause, dtype=float),
+            "last noun after no phrase word or verb, before no verb": np.asarray(free, dtype=float)}
 
 
 def shallow_votes(probes):
