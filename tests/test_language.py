@@ -206,6 +206,10 @@ def test_encode_and_decode_are_inverse():
     words = "<bos> the keys near the cabinet are red . she greets-them .".split()
     assert decode(encode(words)) == words
     assert decode(torch.tensor(encode(words))) == words
+    assert decode([np.int64(i) for i in encode(words)]) == words, "a list of NumPy ints, as indexing gives"
+    for bad in ([len(VOCAB)], [-1], [True], [1.0]):
+        with pytest.raises(ValueError, match="token ids must be ints"):
+            decode(bad)
 
 
 @pytest.mark.parametrize("kind", ["agreement", "coreference"])

@@ -175,10 +175,11 @@ def encode(words):
 def decode(ids):
     """Words of a sequence of token ids (list, array or 1-D tensor)."""
     ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-    bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < len(VOCAB)]
+    bad = [i for i in ids if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer))
+           or not 0 <= i < len(VOCAB)]
     if bad:
         raise ValueError(f"token ids must be ints in 0 .. {len(VOCAB) - 1}; got {bad[:5]}")
-    return [VOCAB[i] for i in ids]
+    return [VOCAB[int(i)] for i in ids]
 
 
 def make_rng(seed, stream):
