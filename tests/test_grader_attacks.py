@@ -826,19 +826,22 @@ def test_17_no_process_outlives_a_killed_grader(tmp_path, mode):
     child is started by a keeper of the grader's, a child subreaper, which ends the whole
     tree when the grader's pipe to it closes, however the grader ended. Before, the looping
     child survived its grader in the user namespace (running as the instructor) and without
-    isolation (with the instructor's rights)."""
+    isolation (with the instructor's rights). The keeper also removes the child's working
+    folder, which a grader ended by a signal cannot."""
     isolation = bubblewrap_or_skip() if mode != "no isolation" else None
     if mode == "user namespace" and isolation.userns:
         pytest.skip("an ordinary user gets the user-namespace sandbox already")
     graders = {}
+    scratch = tmp_path / "scratch"  # the graders' temporary folder: their children's working folders go here
+    scratch.mkdir()
     for number in (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP):
         marker = f"o{int(number)}{uuid.uuid4().hex[:12]}"  # comm holds 15 characters
         nb = fixture(tmp_path, "attack_17_outlive_the_grader", tmp_path / marker / "attack_17.ipynb", MARKER=marker)
         argv = ([sys.executable, "-c", GRADER_WITH, nb, str(isolation.tmp_size)] if mode == "user namespace" else
                 [sys.executable, "-m", "mhalib.grade", nb, "--cell-timeout", "120", "--submission-timeout", "300",
                  *(["--no-isolation"] if mode == "no isolation" else [])])
-        graders[number] = (subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE),
-                           marker)
+        graders[number] = (subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                            env=dict(os.environ, TMPDIR=str(scratch))), marker)
     try:
         end = time.monotonic() + 120
         while (any(len(named(marker)) < 2 and grader.poll() is None for grader, marker in graders.values())
@@ -853,6 +856,10 @@ def test_17_no_process_outlives_a_killed_grader(tmp_path, mode):
                   for number, (grader, _) in graders.items()}
     left = {signal.Signals(number).name: gone(marker, within=5) for number, (_, marker) in graders.items()}
     assert not any(left.values()), f"outlived their grader (pid: parent pid): {left}; {stderr}"
+    end = time.monotonic() + 10  # the keepers remove the working folders once the children are gone
+    while list(scratch.glob("mhalib-grade-*")) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not list(scratch.glob("mhalib-grade-*")), "a killed grader's working folder stayed behind"
 
 
 # ----------------------------------------------------------------------------- 18

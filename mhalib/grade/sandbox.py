@@ -192,10 +192,11 @@ class Isolation:
 # Each child's keeper: a child subreaper, so whatever the submission starts (double-forked,
 # in its own session, its parent-death signal cleared) stays its descendant. It kills them
 # all when the child ends, when the grader asks (a byte on its pipe) or goes (end of file:
-# the grader holds the only write end), then removes the control group if the grader has
-# gone, and exits as the child did.
+# the grader holds the only write end), then, if the grader has gone, removes the control
+# group and the child's working folder (a grader stopped by a signal cannot), and exits as
+# the child did.
 KEEPER_SOURCE = r"""import json, os, select, signal, sys, time
-watch, folders, argv = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3:]
+watch, folders, workdir, argv = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4:]
 os.set_inheritable(watch, False)
 try:
     import ctypes
@@ -278,6 +279,8 @@ while time.monotonic() < end:
         break
     time.sleep(0.005)
 if said == b"":
+    import shutil
+    shutil.rmtree(workdir, ignore_errors=True)  # nothing of the submission runs any more
     for _ in range(100):
         for folder in list(folders):
             try:
@@ -520,7 +523,7 @@ class Sandbox:
         watch, self._watch = os.pipe()  # the keeper's: its only write end stays here
         try:
             keeper = [sys.executable, "-I", "-S", "-c", KEEPER_SOURCE, str(watch),
-                      json.dumps(list(self.cgroup.folders) if self.cgroup else [])]
+                      json.dumps(list(self.cgroup.folders) if self.cgroup else []), self.workdir]
             self.proc = subprocess.Popen(keeper + argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, start_new_session=True, pass_fds=(watch,), **extra)
             os.set_blocking(self.proc.stdin.fileno(), False)
