@@ -131,11 +131,24 @@ ADVERB = {"agreement": ("adverb_pp", "adverb")}
 #: relative clauses have no phrases inside them). The nearest noun, the first noun outside
 #: phrases and the noun 5 words back all have numbers drawn apart from the answer.
 ACROSS = {"agreement": ("orc_verb_pp",)}
+#: Coreference whose antecedent is itself a pronoun: the antecedent's sentence, then one whose
+#: subject is a pronoun for it, then the pronoun to predict ("mary runs . she sees the king .
+#: | she"). In ``"chain"`` the middle sentence's object competes (the other gender, or a thing
+#: of the other number), so the first noun outside phrases of the sentence before the pronoun
+#: is that competitor; ``"chain_free"`` has no competitor. The training text has such chains
+#: (a pronoun subject refers to the previous subject, pronoun or not).
+CHAIN = {"coreference": ("chain", "chain_free")}
 #: Constructions built word by word for probes only (:func:`_built_item`), not by the grammar.
 _BUILT = STRUCTURE["agreement"] + ADVERB["agreement"] + ACROSS["agreement"]
-#: What :func:`balanced_probe_set` draws its pool from: main verbs across an attractor of
-#: either number, and verbs inside an object relative clause (every one in the training text).
-BALANCED_POOL = {"agreement": (AGREEMENT_CONSTRUCTIONS + SAME_NUMBER["agreement"], ("orc_verb",))}
+#: What :func:`balanced_probe_set` draws its pool from, in two halves (every construction in
+#: the training text): main verbs across an attractor of either number, and verbs inside an
+#: object relative clause; pronouns whose antecedent is a noun, and pronouns whose antecedent
+#: is itself a pronoun (:data:`CHAIN`).
+BALANCED_POOL = {"agreement": (AGREEMENT_CONSTRUCTIONS + SAME_NUMBER["agreement"], ("orc_verb",)),
+                 "coreference": (COREFERENCE_CONSTRUCTIONS, CHAIN["coreference"])}
+#: What the two halves of each pool are, in words.
+BALANCED_HALVES = {"agreement": ("main verbs", "verbs in a clause"),
+                   "coreference": ("antecedent a noun", "antecedent a pronoun")}
 #: How far from 1/2 a rule may score on a balanced set (:func:`balanced_probe_set`). The
 #: search aims 0.01 inside it and stops when every rule is there, so several rules end near
 #: 0.54: the verbs inside a clause are right for every local rule and the main verbs for
@@ -236,7 +249,12 @@ def _coreference_item(grammar, rng, construction):
     if construction != "because":  # no pronoun in the antecedent's sentence to copy
         antecedent["predicate"] = grammar._choice(rng, ("intransitive", "copula", "transitive"))
     forced = [None] * int(rng.random() < 0.5)
-    if construction in ("initial", "intro_pp2"):
+    if construction in CHAIN["coreference"]:  # "mary runs . she sees the king . | she"
+        competitor = antecedent.pop("distractor")
+        middle = dict(subject="pronoun", predicate="transitive", distractor=competitor) if construction == "chain" \
+            else dict(subject="pronoun", predicate=grammar._choice(rng, ("intransitive", "copula")))
+        forced += [antecedent, middle, dict(subject="pronoun")]
+    elif construction in ("initial", "intro_pp2"):
         forced += [antecedent, dict(subject="pronoun")]
     elif construction == "because":
         forced += [dict(antecedent, predicate="because")]
@@ -256,7 +274,7 @@ def make_probe_set(kind, n, seed, seq_len=SEQ_LEN, constructions=None):
         constructions: which constructions to draw from (uniformly). Default: the
             constructions of the module docstring. Also allowed: :data:`HELD_OUT` (never in
             the training text), :data:`CONTROL` (agreement without an attractor),
-            :data:`SAME_NUMBER`, :data:`STRUCTURE`, :data:`ADVERB` and :data:`ACROSS`.
+            :data:`SAME_NUMBER`, :data:`STRUCTURE`, :data:`ADVERB`, :data:`ACROSS` and :data:`CHAIN`.
 
     Returns:
         a :class:`ProbeSet`. Every item has a noun before the subject (agreement) or before
@@ -271,7 +289,7 @@ def make_probe_set(kind, n, seed, seq_len=SEQ_LEN, constructions=None):
     default = AGREEMENT_CONSTRUCTIONS if kind == "agreement" else COREFERENCE_CONSTRUCTIONS
     # (new constructions go at the end: a set's stream number comes from this order)
     allowed = default + HELD_OUT[kind] + CONTROL.get(kind, ()) + SAME_NUMBER.get(kind, ()) + \
-        STRUCTURE.get(kind, ()) + ADVERB.get(kind, ()) + ACROSS.get(kind, ())
+        STRUCTURE.get(kind, ()) + ADVERB.get(kind, ()) + ACROSS.get(kind, ()) + CHAIN.get(kind, ())
     constructions = default if constructions is None else tuple(constructions)
     if not constructions or any(c not in allowed for c in constructions):
         raise ValueError(f"constructions for {kind!r} must be a non-empty list from {allowed}; got {constructions!r}")
@@ -349,22 +367,31 @@ def rule_votes(probes):
 
 
 def balanced_probe_set(n, seed, seq_len=SEQ_LEN, kind="agreement"):
-    """``n`` agreement items on which every rule of :func:`rule_votes` scores 1/2 +- :data:`BALANCE_BAND`.
+    """``n`` items of ``kind`` on which every rule of :func:`rule_votes` scores 1/2 +- :data:`BALANCE_BAND`.
 
     A probe that one rule without syntax passes cannot tell a model that uses the rule from
     one that follows the grammar. This set is built so that none passes: a pool of
-    ``2 * POOL_FACTOR * n`` items is drawn (half main verbs across an attractor of either number, "the key near the
-    cabinets | is"; half verbs inside an object relative clause, "the dog that the cats |
-    chase"; :data:`BALANCED_POOL`), and ``n`` of them, half from each half of the pool, are
-    kept by a seeded search that swaps one item in for one item out of the same half whenever
-    that brings every rule's score, and the share of singular answers within each half, no
-    further from a band a little inside :data:`BALANCE_BAND`. The main verb follows the first
-    noun outside phrases and the second-nearest noun; the verb in the clause follows the
-    nearest noun and the previous word; so a set that defeats each of them needs both, with
-    the numbers of the other nouns chosen against whichever rule the rest favour.
+    ``2 * POOL_FACTOR * n`` items is drawn in two halves (:data:`BALANCED_POOL`), and ``n`` of
+    them, half from each half of the pool, are kept by a seeded search that swaps one item in
+    for one item out of the same half whenever that brings every rule's score, and within
+    each half the share of the first answer of each pair ("sg" of "sg"/"pl", "m" of
+    "m"/"f"), no further from a band a little inside :data:`BALANCE_BAND`.
+
+    * agreement: main verbs across an attractor of either number ("the key near the
+      cabinets | is") and verbs inside an object relative clause ("the dog that the cats |
+      chase"). The main verb follows the first noun outside phrases and the second-nearest
+      noun; the verb in the clause follows the nearest noun and the previous word; so a set
+      that defeats each of them needs both, with the other nouns' numbers chosen against
+      whichever rule the rest favour;
+    * coreference: pronouns whose antecedent is a noun (the default constructions) and
+      pronouns whose antecedent is itself a pronoun (:data:`CHAIN`: "mary runs . she sees
+      the king . | she"), where the first noun outside phrases of the sentence before is a
+      competitor. Only few antecedents are things: for a thing the last finite verb of the
+      sentence before has the antecedent's number, so that rule passes unless most answers
+      are "he" or "she" (a gender, which no verb shows).
 
     What it does not defeat: every rule above is right on one half and wrong on the other,
-    so any rule that tells the halves apart passes, for instance the two of
+    so any rule that tells the halves apart passes, for instance those of
     :func:`finite_state_rules` (1.000). They are finite-state, and so is the language. The
     selection looks at these rules only, never at a model.
 
@@ -372,9 +399,7 @@ def balanced_probe_set(n, seed, seq_len=SEQ_LEN, kind="agreement"):
         n: number of items (at least 100).
         seed: seed of the pool and of the search; the same arguments give the same set.
         seq_len: tokens per sequence.
-        kind: "agreement" (the only kind: in this grammar a pronoun refers to the subject of
-            the previous main clause, and in every coreference probe item that subject is a
-            noun, the first one outside phrases).
+        kind: "agreement" or "coreference".
 
     Returns:
         a :class:`ProbeSet` whose ``constructions`` name each item's construction.
@@ -382,9 +407,8 @@ def balanced_probe_set(n, seed, seq_len=SEQ_LEN, kind="agreement"):
     Raises:
         RuntimeError: when the search cannot bring a rule into the band (it names the rule).
     """
-    if kind != "agreement":
-        raise ValueError(f"kind must be 'agreement' (in every coreference probe item the antecedent is the first "
-                         f"noun outside phrases of its clause, so no coreference set defeats that rule); got {kind!r}")
+    if kind not in PROBE_KINDS:
+        raise ValueError(f"kind must be one of {PROBE_KINDS}; got {kind!r}")
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 100:
         raise ValueError(f"n must be an int of at least 100 (fewer items leave the search too little room); got {n!r}")
     main, inner = BALANCED_POOL[kind]
@@ -392,14 +416,14 @@ def balanced_probe_set(n, seed, seq_len=SEQ_LEN, kind="agreement"):
     pool = concat_probe_sets([make_probe_set(kind, size, seed, seq_len, constructions=main),
                               make_probe_set(kind, size, seed, seq_len, constructions=inner)])
     votes = rule_votes(pool)
-    rules = [r for r in votes if r != "majority"]  # the majority is the share of singular answers
-    # Half the kept items from each half of the pool, and within each half as many singular
-    # answers as plural ones: otherwise "in a clause say singular" could pass a set where
-    # every rule above is balanced overall.
-    half = np.arange(2 * size) >= size  # False: a main verb; True: a verb inside a clause
-    singular = (pool.answers == "sg").astype(float)
-    columns = rules + ["singular answers among the main verbs", "singular answers among the verbs in a clause"]
-    scores = np.stack([votes[r] for r in rules] + [singular * ~half, singular * half], axis=1)
+    rules = [r for r in votes if r != "majority"]  # the majority: the answers' shares, below
+    # Half the kept items from each half of the pool, and within each half as many answers of
+    # each form: otherwise "in a clause say singular" could pass a set where every rule above
+    # is balanced overall.
+    half = np.arange(2 * size) >= size  # False: the first half of BALANCED_POOL; True: the second
+    first = np.isin(pool.answers, ("sg", "m")).astype(float)
+    columns = rules + [f"first answers of a pair among {h}" for h in BALANCED_HALVES[kind]]
+    scores = np.stack([votes[r] for r in rules] + [first * ~half, first * half], axis=1)
     kept = np.array([n // 2] * len(rules) + [n // 2, n - n // 2], dtype=float)  # what each column is a share of
     scores[:, :len(rules)] /= n
     scores[:, len(rules):] /= kept[len(rules):]
@@ -574,8 +598,34 @@ _TRANSITIVE_FORMS = {WORD_TO_ID[_verb(v, number)] for v in TRANSITIVE for number
 _THAT = WORD_TO_ID["that"]
 
 
+_SUBJECT_PRONOUNS = {WORD_TO_ID["he"]: ("sg", "m"), WORD_TO_ID["she"]: ("sg", "f"), WORD_TO_ID["it"]: ("sg", None),
+                     WORD_TO_ID["they"]: ("pl", None)}
+
+
+def _previous_subject(probes):
+    """Coreference: the first noun or subject pronoun outside phrases of the antecedent's clause."""
+    out = []
+    for row, t, answer in zip(probes.tokens, probes.positions, probes.answers):
+        periods = [i for i in range(t) if row[i] == _PERIOD]
+        start = periods[-1] + 1 if periods else 1
+        scope = range(start, t)
+        if _BECAUSE not in row[start:t]:
+            scope = range(periods[-2] + 1 if len(periods) > 1 else 1, start)  # the previous sentence
+        words = [int(row[i]) for i in scope if (int(row[i]) in _NOUN or int(row[i]) in _SUBJECT_PRONOUNS)
+                 and not _after_phrase_word(row, i, scope.start)]
+        feature = (_NOUN.get(words[0]) or _SUBJECT_PRONOUNS[words[0]]) if words else None
+        out.append(_vote(feature, answer, "coreference") if feature else 0.5)
+    return np.asarray(out, dtype=float)
+
+
 def finite_state_rules(probes):
-    """Item by item, two agreement rules over word categories that tell a main verb from a verb in a clause.
+    """Item by item, rules over word categories that switch on what they read, unlike the table's.
+
+    For coreference, one rule: the pronoun of the subject of the clause before (of the
+    previous sentence, or of its own main clause after "because"), read as its first noun or
+    subject pronoun outside phrases: the grammar's own rule, and finite-state.
+
+    For agreement, two rules that tell a main verb from a verb in a clause.
 
     Every rule of :func:`shallow_baselines` picks one noun by one criterion, and each is right
     on one kind of verb only. These two switch criterion by what the words around the verb
@@ -596,8 +646,8 @@ def finite_state_rules(probes):
         dict rule -> ``(n,)`` float array of 1, 0 or 1/2 (no such noun).
     """
     _check_probes(probes)
-    if probes.kind != "agreement":
-        raise ValueError(f"finite_state_rules reads agreement items; got a {probes.kind!r} ProbeSet")
+    if probes.kind == "coreference":
+        return {"subject of the clause before: first noun or pronoun outside phrases": _previous_subject(probes)}
     clause, free = [], []
     outside = shallow_votes(probes)["first noun outside phrases"]
     for i, (row, t, answer) in enumerate(zip(probes.tokens, probes.positions, probes.answers)):
