@@ -80,7 +80,7 @@ def tile_keys(d):
     d = 64. The longer tile at d = 64 gives each pass's fixed costs (a loop's start, a
     query's exponentials, its rescaling) twice the keys to share, and the exponentials of
     a query's 64 scores run in full vectors: measured (AMD EPYC, one thread, the cache in
-    L2), 10 to 15% faster than 32 keys at d = 64 and R = 16 or 71.
+    L2), 14% faster than 32 keys at d = 64 and R = 16, 7% at R = 71.
     """
     return max(32, min(64, TILE_BYTES // (4 * d)))
 
@@ -251,9 +251,9 @@ def value_tile(s, v, t0, tn, acc, k, stop):
     for eight multiply-adds, and each query's output row is loaded and stored once for four
     keys. Queries left over go four at a time (when R % 8 is 4 or more), then one at a
     time, four keys at a time (MHA's lone query one key at a time, as in
-    :func:`score_tile`). A block of eight measured 5 to 10% faster than two blocks of
-    four (AMD EPYC, one thread, the cache in L2, R = 8 to 71): more multiply-adds per
-    number loaded, and half as many loops to start. Past the tile's end the weights are 0
+    :func:`score_tile`). A block of eight measured 4 to 9% faster than two blocks of
+    four at d = 128 and R = 8 to 71, within 3% at d = 64 (AMD EPYC, one thread, the cache
+    in L2): more multiply-adds per number loaded, and half as many loops to start. Past the tile's end the weights are 0
     (see :func:`softmax_tile`) and the row read is the tile's last, so no row outside the
     cache is touched. Meanwhile the first block (or the first query, when R < 4) asks for
     the next tile's key rows.
