@@ -22,7 +22,10 @@ Probe sets for other questions, by construction name (:func:`make_probe_set`'s `
 :data:`SAME_NUMBER` (an attractor of the subject's own number: with the default's other-number
 attractors they measure attraction, split by :func:`attractor_matches`), :data:`STRUCTURE` (the
 verb inside a relative clause, and inside a clause within a clause: the first noun outside
-phrases does not decide them) and :data:`ADVERB` (an adverb before the verb: held out).
+phrases does not decide them), :data:`ADVERB` (an adverb before the verb: held out),
+:data:`ACROSS` (a phrase inside a relative clause: held out) and :data:`CHAIN` (a pronoun whose
+antecedent is a pronoun). :func:`balanced_probe_set` mixes two halves so that every rule below
+scores one half; :func:`finite_state_rules` are rules that still pass it.
 
 Baselines that use no syntax: :class:`Bigram` (the next word from the previous word),
 :class:`NGram` (from the previous n - 1 words, with back-off) and :func:`shallow_baselines`
@@ -621,15 +624,15 @@ def _previous_subject(probes):
 def finite_state_rules(probes):
     """Item by item, rules over word categories that switch on what they read, unlike the table's.
 
+    Every rule of :func:`shallow_baselines` picks one noun by one criterion. These switch
+    criterion by what the words around the target are, with no tree and no memory beyond a
+    few words (finite-state, as the language is).
+
     For coreference, one rule: the pronoun of the subject of the clause before (of the
     previous sentence, or of its own main clause after "because"), read as its first noun or
-    subject pronoun outside phrases: the grammar's own rule, and finite-state.
+    subject pronoun outside phrases: the grammar's own rule.
 
-    For agreement, two rules that tell a main verb from a verb in a clause.
-
-    Every rule of :func:`shallow_baselines` picks one noun by one criterion, and each is right
-    on one kind of verb only. These two switch criterion by what the words around the verb
-    are, with no tree and no memory beyond a few words (finite-state, as the language is):
+    For agreement, two rules that tell a main verb from a verb in a clause:
 
     * ``"clause: nearest noun, else first noun outside phrases"``: when the three words
       before the verb are "that the <noun>", the nearest noun; otherwise the first noun
@@ -638,8 +641,8 @@ def finite_state_rules(probes):
       sentence that does not follow a preposition, a subordinator or a transitive verb (a
       "the" in between is skipped) and does not stand right before a finite verb.
 
-    Both pass :func:`balanced_probe_set` (1.000); they differ on constructions the training
-    text never has (:data:`STRUCTURE`'s ``"centre"``, :data:`ACROSS`), where the second is
+    All pass :func:`balanced_probe_set` (1.000); the two agreement rules differ on
+    constructions the training text never has (:data:`STRUCTURE`'s ``"centre"``, :data:`ACROSS`), where the second is
     right and the first is a coin flip.
 
     Returns:
