@@ -962,3 +962,22 @@ def test_the_library_measures_the_shipped_model_as_it_did_when_it_was_saved(ship
             assert a == b, (where, a, b)
 
     walk(now, saved, "measured")
+
+
+def test_notebook_05s_counts_about_which_rule_the_models_follow_hold_on_fresh_items():
+    """Notebook 05 counts, on its probe seed, the seeds whose choices follow "inside a clause the nearest noun, else
+    the first noun outside phrases" on a clause inside a clause (6 of 10), and every seed's choices on the balanced
+    set (all follow it); on fresh items the first count stays within two of that, the second exactly."""
+    from mhalib.language.probes import balanced_probe_set, finite_state_rules
+
+    models = [load_language_model(seed=s) for s in SHIPPED_SEEDS]
+
+    def follows(probes):
+        rule = finite_state_rules(probes)["clause: nearest noun, else first noun outside phrases"]
+        picks = rule != 0.5
+        chosen = np.stack([probe_margins(m, probes) > 0 for m in models])
+        return ((chosen == (rule == 1))[:, picks]).mean(axis=1)
+
+    centre = follows(make_probe_set("agreement", 400, TEST_SEED, constructions=["centre"]))
+    assert 4 <= int((centre >= 0.9).sum()) <= 8, centre
+    assert follows(balanced_probe_set(400, TEST_SEED)).min() >= 0.99
