@@ -39,7 +39,7 @@ verb); a set that a rule passes shows only what that rule cannot tell apart.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -327,6 +327,10 @@ def make_probe_set(kind, n, seed, seq_len=SEQ_LEN, constructions=None):
                     np.array(built), np.array(answers), as_int(second))
 
 
+#: The per-item arrays of a :class:`ProbeSet`, in the order its constructor takes them.
+_ITEM_FIELDS = tuple(f.name for f in fields(ProbeSet) if f.name != "kind")
+
+
 def concat_probe_sets(sets):
     """One :class:`ProbeSet` of the items of ``sets`` (of one kind and one sequence length), in order."""
     sets = list(sets)
@@ -335,17 +339,13 @@ def concat_probe_sets(sets):
     if len({p.kind for p in sets}) > 1 or len({p.tokens.shape[1] for p in sets}) > 1:
         raise ValueError(f"sets must share one kind and one sequence length; got "
                          f"{sorted({(p.kind, p.tokens.shape[1]) for p in sets})}")
-    join = lambda field: np.concatenate([getattr(p, field) for p in sets])  # noqa: E731
-    return ProbeSet(sets[0].kind, *(join(f) for f in ("tokens", "positions", "correct", "wrong", "keys",
-                                                        "constructions", "answers", "second_keys")))
+    return ProbeSet(sets[0].kind, *(np.concatenate([getattr(p, f) for p in sets]) for f in _ITEM_FIELDS))
 
 
 def subset_probe_set(probes, index):
     """The items ``index`` (an array of item numbers, or a boolean mask) of ``probes``."""
     _check_probes(probes)
-    pick = lambda field: getattr(probes, field)[index]  # noqa: E731
-    return ProbeSet(probes.kind, *(pick(f) for f in ("tokens", "positions", "correct", "wrong", "keys",
-                                                       "constructions", "answers", "second_keys")))
+    return ProbeSet(probes.kind, *(getattr(probes, f)[index] for f in _ITEM_FIELDS))
 
 
 _RULE_MODELS = {}
@@ -605,15 +605,21 @@ _SUBJECT_PRONOUNS = {WORD_TO_ID["he"]: ("sg", "m"), WORD_TO_ID["she"]: ("sg", "f
                      WORD_TO_ID["they"]: ("pl", None)}
 
 
+def _scope(row, t, kind):
+    """The positions a rule reads for the word at ``t``: its sentence up to it; for a pronoun, the
+    previous sentence, or its own sentence when a "because" comes before the pronoun."""
+    periods = [i for i in range(t) if row[i] == _PERIOD]
+    start = periods[-1] + 1 if periods else 1
+    if kind == "coreference" and _BECAUSE not in row[start:t]:
+        return range(periods[-2] + 1 if len(periods) > 1 else 1, start)  # the previous sentence
+    return range(start, t)
+
+
 def _previous_subject(probes):
     """Coreference: the first noun or subject pronoun outside phrases of the antecedent's clause."""
     out = []
     for row, t, answer in zip(probes.tokens, probes.positions, probes.answers):
-        periods = [i for i in range(t) if row[i] == _PERIOD]
-        start = periods[-1] + 1 if periods else 1
-        scope = range(start, t)
-        if _BECAUSE not in row[start:t]:
-            scope = range(periods[-2] + 1 if len(periods) > 1 else 1, start)  # the previous sentence
+        scope = _scope(row, t, "coreference")
         words = [int(row[i]) for i in scope if (int(row[i]) in _NOUN or int(row[i]) in _SUBJECT_PRONOUNS)
                  and not _after_phrase_word(row, i, scope.start)]
         feature = (_NOUN.get(words[0]) or _SUBJECT_PRONOUNS[words[0]]) if words else None
@@ -659,14 +665,13 @@ def finite_state_rules(probes):
             clause.append(_vote(_NOUN[row[t - 1]], answer, "agreement"))
         else:
             clause.append(outside[i])
-        periods = [j for j in range(t) if row[j] == _PERIOD]
-        start = periods[-1] + 1 if periods else 1
+        scope = _scope(row, t, "agreement")
         kept = []
-        for j in range(start, t):
+        for j in scope:
             if row[j] not in _NOUN:
                 continue
             before = j - 1 - (row[j - 1] == _THE)
-            after_phrase = before >= start and (row[before] in _SKIP_AFTER or row[before] in _TRANSITIVE_FORMS)
+            after_phrase = before >= scope.start and (row[before] in _SKIP_AFTER or row[before] in _TRANSITIVE_FORMS)
             if not after_phrase and not (j + 1 < t and row[j + 1] in _VERB_NUMBER):
                 kept.append(row[j])
         free.append(_vote(_NOUN[kept[-1]], answer, "agreement") if kept else 0.5)
@@ -686,11 +691,7 @@ def shallow_votes(probes):
     first, outside, nearest = [], [], []
     second, opposite, offset, most, verb = [], [], [], [], []
     for row, t, answer in zip(probes.tokens, probes.positions, probes.answers):
-        periods = [i for i in range(t) if row[i] == _PERIOD]
-        start = periods[-1] + 1 if periods else 1
-        scope = range(start, t)
-        if kind == "coreference" and _BECAUSE not in row[start:t]:
-            scope = range(periods[-2] + 1 if len(periods) > 1 else 1, start)  # the previous sentence
+        scope = _scope(row, t, kind)
         nouns = [int(row[i]) for i in scope if int(row[i]) in _NOUN]
         first.append(_vote(_NOUN[nouns[0]], answer, kind) if nouns else 0.5)
         free = [int(row[i]) for i in scope if int(row[i]) in _NOUN and not _after_phrase_word(row, i, scope.start)]
