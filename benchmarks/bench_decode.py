@@ -39,10 +39,13 @@ merged by their log-sum-exp, one matrix-vector product per query head) against m
 plain formula (one product over all keys), each checked against SDPA first, so that a
 choice of formulation is a measurement on the machine at hand.
 ``--fused-blocks`` times ``fused_decode`` with several key-block sizes instead.
+``--passes`` times each pass of ``fused_decode`` (scores, softmax, values) alone, on one thread, on
+a block of keys held in the core's caches: the kernel's arithmetic without its reads, for every R
+and d_head of the sweep (the default run prints the same table at its end).
 ``--device cuda`` runs the four ways on a GPU, where SDPA's fused kernels are the reference.
 
 Usage: python benchmarks/bench_decode.py [--tokens N] [--repeat R] [--threads T]
-       [--no-sweep] [--variants] [--fused-blocks] [--device cpu|cuda]
+       [--no-sweep] [--variants] [--fused-blocks] [--passes] [--device cpu|cuda]
 (without --threads: once with every thread torch uses, then once with one thread; the
 thread count applies to torch and to Numba alike)
 """
@@ -458,6 +461,47 @@ def report_sweep(n, repeat, num_heads=32, head_dim=128, real=True):
     return rows, peak
 
 
+def report_passes(num_heads=32, head_dim=128, repeat=5, real=True):
+    """Time each pass of the fused kernel on a block of keys held in the core's caches, one thread.
+
+    For every group size of the sweep and every real shape (one row per distinct R = H/g and
+    d_head): nanoseconds per key of the scores, the softmax and the values passes
+    (``mhalib.fused_decode.time_passes``), and the FLOP rate of the scores and values passes
+    (2 R d FLOPs per key each) against the multiply-add peak of a Numba loop timed on one
+    thread just before. With the memory out of the way this is the kernel's arithmetic alone:
+    a step bound by arithmetic cannot beat it, and a memory-bound step comes within it of its
+    read only if the arithmetic hides behind the reads.
+    """
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        peak = fma_peak.peak(1, rounds=repeat)
+        shapes = [(label(g, num_heads), num_heads // g, head_dim) for g in sweep_kv_heads(num_heads)]
+        shapes += [(name, h // g, d) for name, h, g, d, _ in (REAL_SHAPES if real else ())]
+        seen, table = set(), []
+        for name, rep, d in shapes:
+            if (rep, d) in seen:
+                continue
+            seen.add((rep, d))
+            ns = {key: x * 1e9 for key, x in fused_decode.time_passes(rep, d, rounds=repeat).items()}
+            flops = 2 * rep * d  # per key, in each of the two product passes
+            table.append([name, rep, fused_decode.padded_group(rep), d, f"{ns['scores']:.1f}", f"{ns['softmax']:.1f}",
+                          f"{ns['values']:.1f}", f"{ns['all three']:.1f}",
+                          f"{flops / ns['scores'] / (peak / 1e9):.0%}", f"{flops / ns['values'] / (peak / 1e9):.0%}",
+                          f"{2 * flops / ns['all three'] / (peak / 1e9):.0%}"])
+    finally:
+        numba.set_num_threads(before)
+    print(f"\nfused_decode, pass by pass: one thread, a block of {fused_decode.KEY_BLOCK} keys held in the core's "
+          f"caches (no memory traffic); ns per key, best of {repeat}; FMA peak, one thread: {peak / 1e9:.1f} GFLOP/s")
+    print_table(["shape", "R = H/g", "rows run", "d_head", "scores ns", "softmax ns", "values ns", "all three ns",
+                 "scores of peak", "values of peak", "all three of peak"], table)
+    print("of peak: the pass's 2 R d FLOPs per key (4 R d for all three) at its measured rate, over the peak; "
+          "padded rows (rows run > R) count as no FLOPs")
+    return table, peak
+
+
 def run_prefill(n=1024, num_heads=8, num_kv_heads=2, head_dim=64, repeat=3):
     """Many queries at once (a prompt): grouped_attention vs the fused SDPA; returns seconds."""
     torch.manual_seed(0)
@@ -540,6 +584,8 @@ def main(argv=None):
                         help="leave out the sweep of fused_decode over g and real models' shapes")
     parser.add_argument("--no-real", action="store_true",
                         help="sweep g alone, without the real models' shapes (they hold up to 2 GiB of cache)")
+    parser.add_argument("--passes", action="store_true",
+                        help="time each pass of fused_decode alone, in the core's caches, on one thread, and stop")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args(argv)
     h, n, d = args.heads, args.tokens, args.head_dim
@@ -548,8 +594,8 @@ def main(argv=None):
         parser.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
     if args.variants and n % KEY_BLOCK:
         parser.error(f"--variants: --tokens must be a multiple of {KEY_BLOCK} (the block of the batched variants)")
-    if args.fused_blocks and not HAVE_NUMBA:
-        parser.error("--fused-blocks needs Numba: pip install numba")
+    if (args.fused_blocks or args.passes) and not HAVE_NUMBA:
+        parser.error(f"{'--passes' if args.passes else '--fused-blocks'} needs Numba: pip install numba")
     if args.device == "cuda":
         (report_variants if args.variants else report)(n, h, d, kv_heads, args.repeat, device="cuda")
         return
@@ -561,6 +607,9 @@ def main(argv=None):
               f"cache) {compile_seconds():.1f} s, kept out of the timings")
     else:
         print("Numba is not installed (pip install numba): fused_decode and the Numba read are left out")
+    if args.passes:
+        report_passes(h, d, real=not args.no_real)
+        return
     # All threads first, then one: on a machine shared with other work a second thread
     # often waits for the first to be scheduled, and the one-thread ratios are steadier.
     counts = [args.threads] if args.threads else sorted({torch.get_num_threads(), 1}, reverse=True)
@@ -576,6 +625,8 @@ def main(argv=None):
             report(n, h, d, kv_heads, args.repeat)
     if args.variants or args.fused_blocks:
         return
+    if HAVE_NUMBA and not args.no_sweep:
+        report_passes(h, d, real=not args.no_real)
     ours_p, sdpa_p = run_prefill()
     print(f"\nprefill (N_q = N_k = 1,024, H 8, g 2, d_head 64, causal, {torch.get_num_threads()} thread(s)): "
           f"grouped_attention / SDPA enable_gqa time {ours_p / sdpa_p:.2f} (why GroupedQueryAttention "

@@ -37,6 +37,8 @@ peak when R is large. This module writes it in plain loops a reader can follow:
 (``tests/test_fused_decode.py``). ``benchmarks/bench_decode.py`` measures it against a
 streaming read of the same bytes and against the multiply-add peak of the processor
 (``benchmarks/fma_peak.py``), for g from H down to 1 and for real models' shapes.
+:func:`time_passes` times each pass alone on a block of keys held in a core's caches: the
+kernel's arithmetic without its reads, the rate no step of that shape can beat.
 
 Numba is imported on the first call, not with this module: ``import mhalib`` stays fast,
 and without Numba only this kernel is unavailable. Every function is also plain Python
@@ -56,7 +58,8 @@ import numpy as np
 from mhalib.validation import check_divisible
 
 __all__ = ["KEY_BLOCK", "TILE_BYTES", "tile_keys", "exp_neg", "score_tile", "softmax_tile", "value_tile",
-           "block_partials", "merge_blocks", "padded_group", "fused_decode", "compile_kernels", "streaming_read"]
+           "block_partials", "merge_blocks", "padded_group", "fused_decode", "compile_kernels", "streaming_read",
+           "PASSES", "passes_loop", "time_passes"]
 
 #: Keys per block: the unit of work one core takes (``benchmarks/bench_decode.py --fused-blocks``
 #: times others); much smaller blocks add merge work, much larger ones leave a core idle at the
@@ -412,6 +415,84 @@ def read_rows(k, v):
     return total
 
 
+#: The passes :func:`time_passes` times, by name: what each call of :func:`passes_loop` runs.
+PASSES = {"scores": 1, "softmax": 2, "values": 4, "all three": 7}
+
+
+def passes_loop(q, k, v, repeats, passes, s, top, m, l, acc):
+    """Run the passes of :func:`block_partials` over the keys of ``k`` and ``v``, ``repeats`` times.
+
+    ``passes`` adds up the passes to run (:data:`PASSES`: 1 scores, 2 softmax, 4 values, 7 all
+    three), so that each can be timed alone. With all three and ``repeats = 1``, from
+    ``m = lowest``, ``l = 0`` and ``acc = 0``, it leaves the block's results as
+    :func:`block_partials` does: ``acc / l`` is the attention output of the group's queries.
+
+    Args:
+        q: ``(R, d)`` float32, the group's queries (scaled, padded as :func:`padded_group` says).
+        k, v: ``(n, d)`` float32.
+        repeats: passes over all n keys.
+        passes: which passes (see :data:`PASSES`).
+        s, top, m, l, acc: the kernel's work arrays, ``(R, tile + 3)``, ``(R,)``, ``(R,)``,
+            ``(R,)`` and ``(R, d)`` float32.
+    """
+    n, d = k.shape
+    tile = tile_keys(d)
+    for _ in range(repeats):
+        for t0 in range(0, n, tile):
+            tn = min(tile, n - t0)
+            if passes & 1:
+                score_tile(q, k, t0, tn, s, top, v)
+            if passes & 2:
+                softmax_tile(s, tn, top, m, l, acc)
+            if passes & 4:
+                value_tile(s, v, t0, tn, acc, k, n)
+    return acc[0, 0]
+
+
+def time_passes(rep, d, *, keys=KEY_BLOCK, repeats=200, rounds=5, seed=0):
+    """Seconds per key of each pass of the kernel, on one block of keys that stays in the core's caches.
+
+    One thread runs :func:`passes_loop` on ``keys`` keys (512 keys of ``d`` = 128 are 512 KiB
+    of K and V, in a core's L2 cache), ``repeats`` times a call, for each entry of
+    :data:`PASSES`, and keeps the best of ``rounds`` calls. With the memory out of the way, each
+    pass's time is its arithmetic alone: ``2 R d`` FLOPs per key for the scores and as many
+    for the values, to set against the multiply-add peak (``benchmarks/fma_peak.py``).
+
+    Args:
+        rep: queries per K/V head (R = H / g); the kernel runs :func:`padded_group` rows.
+        d: head_dim.
+
+    Returns:
+        ``{pass name: seconds per key}`` for every name of :data:`PASSES`.
+    """
+    import time
+
+    for name, value in (("rep", rep), ("d", d), ("keys", keys), ("repeats", repeats), ("rounds", rounds)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"time_passes: {name} must be a positive integer; got {value!r}")
+    compile_kernels()
+    rows = padded_group(rep)
+    rng = np.random.default_rng(seed)
+    q = np.zeros((rows, d), np.float32)  # (R', d): zero rows after the R queries, as the kernel pads them
+    q[:rep] = rng.standard_normal((rep, d), dtype=np.float32) / np.float32(math.sqrt(d))
+    k = rng.standard_normal((keys, d), dtype=np.float32)  # (n, d)
+    v = rng.standard_normal((keys, d), dtype=np.float32)  # (n, d)
+    s = np.zeros((rows, tile_keys(d) + 3), np.float32)
+    top, m, l, acc = (np.zeros(rows, np.float32), np.full(rows, _LOWEST, np.float32), np.zeros(rows, np.float32),
+                      np.zeros((rows, d), np.float32))
+    loop = _compiled["passes"]
+    seconds = {}
+    for name, passes in PASSES.items():
+        loop(q, k, v, 1, passes, s, top, m, l, acc)  # warm the caches
+        best = float("inf")
+        for _ in range(rounds):
+            start = time.perf_counter()
+            loop(q, k, v, repeats, passes, s, top, m, l, acc)
+            best = min(best, time.perf_counter() - start)
+        seconds[name] = best / (repeats * keys)
+    return seconds
+
+
 #: The names :func:`compile_kernels` binds to compiled code, and the plain Python each stands for.
 PLAIN_PYTHON = {"prange": range, "prefetch": prefetch, "prefetch_row": prefetch_row, "pow2": pow2,
                 "exp_neg": exp_neg, "tile_keys": tile_keys, "score_tile": score_tile, "softmax_tile": softmax_tile,
@@ -444,6 +525,7 @@ def compile_kernels():
         _compiled["partials"] = jit(block_partials)
         _compiled["merge"] = jit(merge_blocks)
         _compiled["read"] = jit(read_rows)
+        _compiled["passes"] = numba.njit(fastmath=True, cache=True, nogil=True)(passes_loop)
     return _compiled["partials"], _compiled["merge"]
 
 

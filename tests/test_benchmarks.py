@@ -133,6 +133,19 @@ def test_main_names_the_processor_the_blas_and_the_compile_time(capsys):
     assert "g = 8 takes" in sweep and "MQA is" in sweep and "GQA-8 reads K and V at" in sweep
     assert "Falcon" not in sweep  # --no-real
     assert "mhalib GQA-8 reads K and V at" in out
+    assert "pass by pass" in out and "Falcon" not in out[out.index("pass by pass"):]  # the passes, --no-real
+
+
+def test_passes_prints_each_pass_of_every_group_size(capsys):
+    bench_decode.main(["--passes", "--heads", "8", "--head-dim", "16", "--no-real"])
+    out = capsys.readouterr().out
+    table = out[out.index("pass by pass"):]
+    assert "FMA peak, one thread" in table and "scores of peak" in table and "softmax ns" in table
+    rows = [line.split() for line in table.splitlines() if re.match(r"\s*(MHA|GQA-\d+|MQA)\s", line)]
+    assert [row[0] for row in rows] == ["MHA", "GQA-4", "GQA-2", "MQA"]  # g = 8, 4, 2, 1 at H = 8
+    assert [int(row[1]) for row in rows] == [1, 2, 4, 8] and [int(row[2]) for row in rows] == [1, 4, 4, 8]
+    assert all(float(x) > 0 for row in rows for x in row[4:8])  # ns per key of each pass
+    assert "fused_decode sweep" not in out and "Falcon" not in out  # --passes alone; --no-real
 
 
 def test_variants_need_whole_blocks_on_the_command_line(capsys):

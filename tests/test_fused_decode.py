@@ -288,3 +288,32 @@ def test_import_mhalib_loads_no_numba_and_the_kernel_names_the_install_without_i
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("rep, d", [(1, 128), (7, 128), (16, 64), (71, 64)])
+def test_the_timed_passes_are_the_kernel_and_give_attention(rep, d):
+    # What time_passes times: passes_loop with all three passes, once, over a block of 300 keys
+    # (tiles of 32 or 64 keys, the last not full), gives the attention output as acc / l.
+    fd.compile_kernels()
+    n, padded = 300, fd.padded_group(rep)
+    gen = torch.Generator().manual_seed(rep + d)
+    q = torch.randn(1, rep, 1, d, generator=gen)  # (1, R, 1, d): one K/V head
+    k, v = torch.randn(1, 1, n, d, generator=gen), torch.randn(1, 1, n, d, generator=gen)  # (1, 1, n, d)
+    qg = np.zeros((padded, d), np.float32)
+    qg[:rep] = (q[0, :, 0] / math.sqrt(d)).numpy()
+    s = np.zeros((padded, tile_keys(d) + 3), np.float32)
+    top, l = np.zeros(padded, np.float32), np.zeros(padded, np.float32)
+    m, acc = np.full(padded, -3.0e38, np.float32), np.zeros((padded, d), np.float32)
+    fd._compiled["passes"](qg, k[0, 0].numpy(), v[0, 0].numpy(), 1, fd.PASSES["all three"], s, top, m, l, acc)
+    got = torch.from_numpy(acc[:rep] / l[:rep, None]).view(1, rep, 1, d)
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(got, want, **float_tol(torch.float32, d + 2 * n))
+
+
+def test_time_passes_times_every_pass_and_refuses_bad_sizes():
+    seconds = fd.time_passes(4, 32, keys=64, repeats=2, rounds=1)
+    assert set(seconds) == set(fd.PASSES) and all(0 < x < 1 for x in seconds.values())
+    for bad in (dict(rep=0), dict(d=-1), dict(keys=True), dict(repeats=2.5)):
+        args = dict(rep=4, d=32) | bad
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be a positive integer"):
+            fd.time_passes(args.pop("rep"), args.pop("d"), **args)
