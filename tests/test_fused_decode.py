@@ -2,7 +2,7 @@
 
 Every group size H/g the kernel may meet (each path of its register blocks: eight queries at a
 time, four, the one-query remainder, and their mixtures), caches of odd lengths that end inside a
-tile of either length (32 keys at d_head 128, 64 at d_head 64 and below), and batches of several
+tile of either length (64 keys at d_head 128, 128 at d_head 64 and below), and batches of several
 sequences; its exponential and its power of two against float64. No
 timing is asserted here: speed is for benchmarks/bench_decode.py.
 """
@@ -65,17 +65,17 @@ def test_every_group_size_equals_sdpa(h, g, d, n):
     torch.testing.assert_close(got, want, **float_tol(torch.float32, d + 2 * n))
 
 
-def test_a_tile_holds_16_kib_of_key_rows_and_32_to_64_keys():
-    assert [tile_keys(d) for d in (256, 128, 64, 32, 16, 8)] == [32, 32, 64, 64, 64, 64]
-    assert all(tile_keys(d) * d * 4 == fd.TILE_BYTES for d in (128, 64))
+def test_a_tile_holds_32_kib_of_key_rows_and_32_to_128_keys():
+    assert [tile_keys(d) for d in (512, 256, 128, 64, 32, 16, 8)] == [32, 32, 64, 128, 128, 128, 128]
+    assert all(tile_keys(d) * d * 4 == fd.TILE_BYTES for d in (256, 128, 64))
 
 
 @pytest.mark.parametrize("tail", list(range(-3, 5)) + [33, 34, 35])
 @pytest.mark.parametrize("h", [5, 7, 13])
 @pytest.mark.parametrize("d", [16, 128])
 def test_tiles_that_are_not_whole_groups_of_keys(tail, h, d):
-    # Pairs of keys in the scores, fours in the values: every tail of a tile (64 keys at d = 16,
-    # 32 at d = 128), with every query path: 4 + 1 (H/g = 5), 8 (7, padded), 8 + 4 + 1 (13).
+    # Pairs of keys in the scores, fours in the values: every tail of a tile (128 keys at d = 16,
+    # 64 at d = 128), with every query path: 4 + 1 (H/g = 5), 8 (7, padded), 8 + 4 + 1 (13).
     tile = tile_keys(d)
     n = tile + tail if tail < 33 else 2 * tile + tail - 32
     q, k, v = inputs(3, 1, n, seed=n, h=h, d=d)
@@ -223,8 +223,10 @@ def test_fused_decode_with_a_cache_view_and_two_threads():
 def test_plain_python_kernel_equals_the_compiled_one(rep):
     # The same source runs without Numba (prange = range, no prefetch, Python helpers): slow,
     # and the same numbers. H/g = 7 runs as 8 (two blocks of four queries in the scores, one of
-    # eight in the values); 13 takes every path: 8 + 4 + 1. 70 keys: a tile of 64, then 6 keys.
-    n, d = 70, 8
+    # eight in the values); 13 takes every path: 8 + 4 + 1. 134 keys in blocks of 128: a tile
+    # of 128 (a whole block), then a block of 6 keys.
+    n, d = 134, 8
+    assert tile_keys(d) == 128
     q, k, v = inputs(1, 2, n, h=2 * rep, d=d)
     padded = fd.padded_group(rep)
     qg = np.zeros((1, 2, padded, d), np.float32)  # (B, g, R', d)
@@ -233,7 +235,7 @@ def test_plain_python_kernel_equals_the_compiled_one(rep):
     l, acc = np.empty_like(m), np.empty((1, 2, 2, padded, d), np.float32)
     out = np.empty((1, 2, padded, d), np.float32)
     with plain_python():
-        fd.block_partials(qg, k.numpy(), v.numpy(), 64, m, l, acc)
+        fd.block_partials(qg, k.numpy(), v.numpy(), 128, m, l, acc)
         fd.merge_blocks(m, l, acc, out)
     assert fd.score_tile is not fd.PLAIN_PYTHON["score_tile"]  # the compiled helpers are back
     want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
@@ -293,7 +295,7 @@ def test_import_mhalib_loads_no_numba_and_the_kernel_names_the_install_without_i
 @pytest.mark.parametrize("rep, d", [(1, 128), (7, 128), (16, 64), (71, 64)])
 def test_the_timed_passes_are_the_kernel_and_give_attention(rep, d):
     # What time_passes times: passes_loop with all three passes, once, over a block of 300 keys
-    # (tiles of 32 or 64 keys, the last not full), gives the attention output as acc / l.
+    # (tiles of 64 or 128 keys, the last not full), gives the attention output as acc / l.
     fd.compile_kernels()
     n, padded = 300, fd.padded_group(rep)
     gen = torch.Generator().manual_seed(rep + d)
@@ -317,3 +319,37 @@ def test_time_passes_times_every_pass_and_refuses_bad_sizes():
         args = dict(rep=4, d=32) | bad
         with pytest.raises(ValueError, match=f"{next(iter(bad))} must be a positive integer"):
             fd.time_passes(args.pop("rep"), args.pop("d"), **args)
+
+
+@pytest.mark.parametrize("rep", [1, 4, 5, 8, 12, 16, 72])
+@pytest.mark.parametrize("tn", [64, 37])
+def test_each_pass_asks_for_every_row_of_the_next_pass_once_over_the_whole_pass(rep, tn):
+    # In plain Python, record the rows each pass asks the memory for: the scores pass every
+    # value row of its tile, the values pass every key row of the next tile (none past the
+    # block's end), each exactly once. A 64-key tile of a cache of 200 keys, full or of 37 keys.
+    # The scores pass spreads its requests over its blocks of four queries (a burst in the
+    # first block was slower): when the first block's maxima are stored, it has asked for
+    # about its share of the rows, not all of them.
+    asked, at_first_block_end = [], []
+
+    class Maxima(np.ndarray):  # the tile's maxima: stored once per block of four, at its end
+        def __setitem__(self, index, value):
+            at_first_block_end.append(len(asked))
+            super().__setitem__(index, value)
+
+    d, n, t0, stop = 8, 200, 64, 160
+    gen = np.random.default_rng(rep)
+    q = gen.standard_normal((rep, d)).astype(np.float32)
+    k, v = (gen.standard_normal((n, d)).astype(np.float32) for _ in range(2))
+    s, top = np.zeros((rep, 64 + 3), np.float32), np.zeros(rep, np.float32).view(Maxima)
+    acc = np.zeros((rep, d), np.float32)
+    with plain_python():
+        fd.prefetch_row = lambda x, t: asked.append(("k" if x is k else "v", t))
+        fd.score_tile(q, k, t0, tn, s, top, v)
+        scores_asked, asked[:] = list(asked), []
+        fd.value_tile(s, v, t0, tn, acc, k, stop)
+    assert sorted(scores_asked) == [("v", t) for t in range(t0, t0 + tn)]
+    assert sorted(asked) == [("k", t) for t in range(t0 + 64, min(t0 + 64 + tn, stop))]
+    blocks = rep // 4
+    if blocks >= 2:
+        assert at_first_block_end[0] <= -(-tn // blocks) + 1 < tn
