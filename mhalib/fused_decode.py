@@ -151,8 +151,8 @@ def score_tile(q, k, t0, tn, s, top, v):
     row once for two. Meanwhile the blocks of four ask for the tile's value rows, so that
     they are on their way before :func:`value_tile` needs them, evenly over the whole pass:
     with B blocks of four, one row every B/2 pairs of keys, instead of every row in the
-    first block. A burst of requests at the start of the pass fills the core's queue of
-    memory requests, and the pass's own loads then wait behind them: measured (AMD EPYC,
+    first block. A burst of requests at the start of the pass likely fills the core's queue
+    of outstanding memory requests, so that the pass's own loads wait behind them: measured (AMD EPYC,
     two threads, n = 32,768, caches flushed, interleaved with the burst, three runs, the
     two timed in both orders), Llama-2-70B (R = 8) 7 to 10% faster, Qwen2-7B 3 to 5%, the
     other shapes of the benchmark within 3% either way. A query left over after the blocks (R % 4 == 1) scores four keys at a time;
@@ -278,15 +278,16 @@ def value_tile(s, v, t0, tn, acc, k, stop):
         v, k: ``(n, d)`` float32, the group's values and keys.
         t0, tn: the tile's first key and its number of keys.
         acc: ``(R, d)`` float32, each query's running sum of weighted values.
-        stop: the end of the group's cache (no key row past it is asked for). The last tile of
-            a block asks for the first rows of the next block: ``prange`` gives each thread
+        stop: the end of the group's cache (no key row past it is asked for). The tile asks
+            for as many rows after its own as it has keys; a block's last tile asks for the
+            first rows of the next block: ``prange`` gives each thread
             a run of consecutive tasks, so the same core usually takes that block next.
             Measured (AMD EPYC, two threads, n = 32,768, interleaved, both orders) against
             stopping at the block's end: 4 to 10% faster for MHA, GQA-8 of H = 32, Qwen2-7B
             and Llama-2-70B, within 2% for the others.
     """
     rep, d = acc.shape
-    tile = s.shape[1] - 3  # keys per tile: the next tile starts this far ahead
+    ahead = t0 + tn  # the next tile's first key (in this block, or the next block's first)
     last = t0 + tn - 1
     eight, four = rep - rep % 8, rep - rep % 4
     blocks = max(1, eight // 8)  # blocks of eight queries: the next tile's key rows are asked for over all of them
@@ -295,8 +296,8 @@ def value_tile(s, v, t0, tn, acc, k, stop):
             y0, y1, y2, y3 = t0 + t, min(t0 + t + 1, last), min(t0 + t + 2, last), min(t0 + t + 3, last)
             for i in range(4):  # the next tile's key rows: each once, evenly over the pass
                 step = (r // 8) * tn + t + i
-                if step % blocks == 0 and t + i < tn and t0 + tile + step // blocks < stop:
-                    prefetch_row(k, t0 + tile + step // blocks)
+                if step % blocks == 0 and t + i < tn and ahead + step // blocks < stop:
+                    prefetch_row(k, ahead + step // blocks)
             p00, p01, p02, p03 = s[r, t], s[r, t + 1], s[r, t + 2], s[r, t + 3]
             p10, p11, p12, p13 = s[r + 1, t], s[r + 1, t + 1], s[r + 1, t + 2], s[r + 1, t + 3]
             p20, p21, p22, p23 = s[r + 2, t], s[r + 2, t + 1], s[r + 2, t + 2], s[r + 2, t + 3]
@@ -319,7 +320,7 @@ def value_tile(s, v, t0, tn, acc, k, stop):
         for t in range(0, tn, 4):  # ... and four keys
             y0, y1, y2, y3 = t0 + t, min(t0 + t + 1, last), min(t0 + t + 2, last), min(t0 + t + 3, last)
             if r == 0:  # no block of eight: this block asks for the next tile's key rows
-                for u in range(y0 + tile, min(y0 + tile + 4, stop)):
+                for u in range(ahead + t, min(ahead + t + 4, ahead + tn, stop)):
                     prefetch_row(k, u)
             p00, p01, p02, p03 = s[r, t], s[r, t + 1], s[r, t + 2], s[r, t + 3]
             p10, p11, p12, p13 = s[r + 1, t], s[r + 1, t + 1], s[r + 1, t + 2], s[r + 1, t + 3]
@@ -334,8 +335,8 @@ def value_tile(s, v, t0, tn, acc, k, stop):
     for r in range(four, rep):  # a query left over (R % 4 == 1), or MHA's only query
         if four == 0:  # MHA: one key at a time, and this loop asks for the next tile's key rows
             for t in range(tn):
-                if t0 + t + tile < stop:
-                    prefetch_row(k, t0 + t + tile)
+                if ahead + t < stop:
+                    prefetch_row(k, ahead + t)
                 p = s[r, t]
                 for c in range(d):
                     acc[r, c] += p * v[t0 + t, c]
@@ -469,13 +470,17 @@ def passes_loop(q, k, v, repeats, passes, s, top, m, l, acc):
 
 
 def time_passes(rep, d, *, keys=KEY_BLOCK, repeats=200, rounds=5, seed=0):
-    """Seconds per key of each pass of the kernel, on one block of keys that stays in the core's caches.
+    """Seconds per key of each pass of the kernel, its rows already in the core's caches.
 
-    One thread runs :func:`passes_loop` on ``keys`` keys (512 keys of ``d`` = 128 are 512 KiB
-    of K and V, in a core's L2 cache), ``repeats`` times a call, for each entry of
-    :data:`PASSES`, and keeps the best of ``rounds`` calls. With the memory out of the way, each
-    pass's time is its arithmetic alone: ``2 R d`` FLOPs per key for the scores and as many
-    for the values, to set against the multiply-add peak (``benchmarks/fma_peak.py``).
+    One thread runs :func:`passes_loop`, the kernel's own three pass functions, on ``keys``
+    keys (512 keys of ``d`` = 128 are 512 KiB of K and V: in the L2 cache of a core that has
+    1 MiB of it, as on AMD Zen 4), ``repeats`` times a call, for each entry of
+    :data:`PASSES`, and keeps the best of ``rounds`` calls. Without waits on main memory, each
+    pass's time is close to its arithmetic: ``2 R d`` FLOPs per key for the scores and as
+    many for the values, to set against the multiply-add peak (``benchmarks/fma_peak.py``).
+    It is a best case for the kernel: its loads come from L1 and L2, its requests for the
+    next rows find them already there, it leaves out each block's set-up and the merge, and
+    after the first call no running maximum moves.
 
     Args:
         rep: queries per K/V head (R = H / g); the kernel runs :func:`padded_group` rows.

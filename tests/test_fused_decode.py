@@ -322,34 +322,62 @@ def test_time_passes_times_every_pass_and_refuses_bad_sizes():
 
 
 @pytest.mark.parametrize("rep", [1, 4, 5, 8, 12, 16, 72])
-@pytest.mark.parametrize("tn", [64, 37])
-def test_each_pass_asks_for_every_row_of_the_next_pass_once_over_the_whole_pass(rep, tn):
+@pytest.mark.parametrize("tn, stop", [(64, 200), (64, 150), (37, 101), (37, 200)],
+                         ids=["full-tile", "cache-ends-in-next-tile", "last-tile-of-cache", "short-tile-then-block"])
+def test_each_pass_asks_for_every_row_of_the_next_pass_once_over_the_whole_pass(rep, tn, stop):
     # In plain Python, record the rows each pass asks the memory for: the scores pass every
-    # value row of its tile, the values pass every key row of the next tile (none past the
-    # block's end), each exactly once. A 64-key tile of a cache of 200 keys, full or of 37 keys.
-    # The scores pass spreads its requests over its blocks of four queries (a burst in the
-    # first block was slower): when the first block's maxima are stored, it has asked for
-    # about its share of the rows, not all of them.
-    asked, at_first_block_end = [], []
+    # value row of its tile; the values pass the key rows after the tile, as many as the tile
+    # has keys (the next tile's, or the next block's first), none at or past ``stop`` (the
+    # end of the cache); each exactly once. A tile of 64 keys from key 64, full or of 37 keys.
+    # Both passes spread their requests over their blocks of queries (a burst in the first
+    # block was slower): when the first block ends, it has asked for about its share only.
+    asked, first_block_asked = [], {}
 
-    class Maxima(np.ndarray):  # the tile's maxima: stored once per block of four, at its end
+    class Recorded(np.ndarray):  # the tile's maxima and the outputs: note how much was asked by then
         def __setitem__(self, index, value):
-            at_first_block_end.append(len(asked))
+            row = index[0] if isinstance(index, tuple) else index
+            if self.shape == (rep,):  # the maxima, stored at the end of each block of four
+                first_block_asked.setdefault("scores", len(asked))
+            if self.ndim == 2 and row >= 8:  # the outputs of the second block of eight
+                first_block_asked.setdefault("values", len(asked))
             super().__setitem__(index, value)
 
-    d, n, t0, stop = 8, 200, 64, 160
+    d, n, t0 = 8, 200, 64
     gen = np.random.default_rng(rep)
     q = gen.standard_normal((rep, d)).astype(np.float32)
     k, v = (gen.standard_normal((n, d)).astype(np.float32) for _ in range(2))
-    s, top = np.zeros((rep, 64 + 3), np.float32), np.zeros(rep, np.float32).view(Maxima)
-    acc = np.zeros((rep, d), np.float32)
+    s, top = np.zeros((rep, 64 + 3), np.float32), np.zeros(rep, np.float32).view(Recorded)
+    acc = np.zeros((rep, d), np.float32).view(Recorded)
     with plain_python():
         fd.prefetch_row = lambda x, t: asked.append(("k" if x is k else "v", t))
         fd.score_tile(q, k, t0, tn, s, top, v)
         scores_asked, asked[:] = list(asked), []
         fd.value_tile(s, v, t0, tn, acc, k, stop)
     assert sorted(scores_asked) == [("v", t) for t in range(t0, t0 + tn)]
-    assert sorted(asked) == [("k", t) for t in range(t0 + 64, min(t0 + 64 + tn, stop))]
-    blocks = rep // 4
-    if blocks >= 2:
-        assert at_first_block_end[0] <= -(-tn // blocks) + 1 < tn
+    assert sorted(asked) == [("k", t) for t in range(t0 + tn, min(t0 + 2 * tn, stop))]
+    if rep // 4 >= 2:
+        assert first_block_asked["scores"] <= -(-tn // (rep // 4)) + 1 < tn
+    if rep // 8 >= 2 and stop >= t0 + 2 * tn:  # (then the first write of the second block of eight)
+        assert first_block_asked["values"] <= -(-tn // (rep // 8)) + 3 < tn
+
+
+@pytest.mark.parametrize("rep, d", [(1, 128), (5, 128), (8, 64), (13, 16)])
+def test_the_timed_loop_leaves_what_the_kernel_leaves(rep, d):
+    # passes_loop (what time_passes times) and block_partials (the kernel) run the same passes:
+    # over one block of 300 keys they leave the same maxima, sums and outputs.
+    fd.compile_kernels()
+    n, padded = 300, fd.padded_group(rep)
+    gen = np.random.default_rng(rep * d)
+    qg = np.zeros((1, 1, padded, d), np.float32)
+    qg[0, 0, :rep] = gen.standard_normal((rep, d)).astype(np.float32) / np.float32(math.sqrt(d))
+    k, v = (gen.standard_normal((1, 1, n, d)).astype(np.float32) for _ in range(2))
+    m, l = np.empty((1, 1, 1, padded), np.float32), np.empty((1, 1, 1, padded), np.float32)
+    acc = np.empty((1, 1, 1, padded, d), np.float32)
+    fd.compile_kernels()[0](qg, k, v, n, m, l, acc)  # one block of all n keys
+    s = np.zeros((padded, tile_keys(d) + 3), np.float32)
+    top, l2 = np.zeros(padded, np.float32), np.zeros(padded, np.float32)
+    m2, acc2 = np.full(padded, -3.0e38, np.float32), np.zeros((padded, d), np.float32)
+    fd._compiled["passes"](qg[0, 0], k[0, 0], v[0, 0], 1, fd.PASSES["all three"], s, top, m2, l2, acc2)
+    np.testing.assert_array_equal(m2, m[0, 0, 0])  # the maxima are exact
+    np.testing.assert_allclose(l2, l[0, 0, 0], rtol=4 * np.finfo(np.float32).eps)
+    np.testing.assert_allclose(acc2, acc[0, 0, 0], rtol=1e-5, atol=16 * np.finfo(np.float32).eps * float(l2.max()))
