@@ -494,7 +494,7 @@ def report_passes(num_heads=32, head_dim=128, repeat=5, real=True):
     finally:
         numba.set_num_threads(before)
     print(f"\nfused_decode, pass by pass: one thread, a block of {fused_decode.KEY_BLOCK} keys held in the core's "
-          f"caches (no memory traffic); ns per key, best of {repeat}; FMA peak, one thread: {peak / 1e9:.1f} GFLOP/s")
+          f"caches (no main-memory traffic: a best case); ns per key, best of {repeat}; FMA peak, one thread: {peak / 1e9:.1f} GFLOP/s")
     print_table(["shape", "R = H/g", "rows run", "d_head", "scores ns", "softmax ns", "values ns", "all three ns",
                  "scores of peak", "values of peak", "all three of peak"], table)
     print("of peak: the pass's 2 R d FLOPs per key (4 R d for all three) at its measured rate, over the peak; "
