@@ -28,7 +28,7 @@ peak when R is large. This module writes it in plain loops a reader can follow:
    While one pass works, it asks the memory system for the rows the next pass will read
    (a software prefetch into the L2 cache), evenly over the pass: the scoring pass for the
    tile's value rows, the value pass for the next tile's key rows. So the reads and the
-   arithmetic overlap instead of taking turns.
+   arithmetic can overlap instead of taking turns.
 2. :func:`merge_blocks`: the blocks' partial results are merged by their log-sum-exp
    (rescaled to the largest maximum), which gives the exact softmax over all keys.
 
@@ -38,7 +38,7 @@ peak when R is large. This module writes it in plain loops a reader can follow:
 streaming read of the same bytes and against the multiply-add peak of the processor
 (``benchmarks/fma_peak.py``), for g from H down to 1 and for real models' shapes.
 :func:`time_passes` times each pass alone on a block of keys held in a core's caches: the
-kernel's arithmetic without its reads, the rate no step of that shape can beat.
+kernel's time without waits on main memory, a best case for a step of that shape.
 
 Numba is imported on the first call, not with this module: ``import mhalib`` stays fast,
 and without Numba only this kernel is unavailable. Every function is also plain Python
@@ -151,11 +151,13 @@ def score_tile(q, k, t0, tn, s, top, v):
     row once for two. Meanwhile the blocks of four ask for the tile's value rows, so that
     they are on their way before :func:`value_tile` needs them, evenly over the whole pass:
     with B blocks of four, one row every B/2 pairs of keys, instead of every row in the
-    first block. A burst of requests at the start of the pass likely fills the core's queue
-    of outstanding memory requests, so that the pass's own loads wait behind them: measured (AMD EPYC,
-    two threads, n = 32,768, caches flushed, interleaved with the burst, three runs, the
-    two timed in both orders), Llama-2-70B (R = 8) 7 to 10% faster, Qwen2-7B 3 to 5%, the
-    other shapes of the benchmark within 3% either way. A query left over after the blocks (R % 4 == 1) scores four keys at a time;
+    first block. A burst of requests at the start of the pass likely fills the core's
+    queue of outstanding memory requests, so that the pass's own loads wait behind them.
+    Measured (AMD EPYC, two threads, n = 32,768, caches flushed, interleaved with the
+    burst, three runs, the two timed in both orders): Llama-2-70B (R = 8) 7 to 10% faster,
+    Qwen2-7B 3 to 5%, the other shapes of the benchmark within 3% either way.
+
+    A query left over after the blocks (R % 4 == 1) scores four keys at a time;
     MHA's lone query (R = 1) one key at a time, asking for each value row as it goes: with
     four keys at a time, MHA read its cache at 69% of the streaming read instead of 92%
     (AMD EPYC, one thread). A tile that is not a whole number of pairs (or fours) of keys
@@ -280,8 +282,8 @@ def value_tile(s, v, t0, tn, acc, k, stop):
         acc: ``(R, d)`` float32, each query's running sum of weighted values.
         stop: the end of the group's cache (no key row past it is asked for). The tile asks
             for as many rows after its own as it has keys; a block's last tile asks for the
-            first rows of the next block: ``prange`` gives each thread
-            a run of consecutive tasks, so the same core usually takes that block next.
+            first rows of the next block: ``prange`` gives each thread a run of consecutive
+            tasks, so the same core usually takes that block next.
             Measured (AMD EPYC, two threads, n = 32,768, interleaved, both orders) against
             stopping at the block's end: 4 to 10% faster for MHA, GQA-8 of H = 32, Qwen2-7B
             and Llama-2-70B, within 2% for the others.
