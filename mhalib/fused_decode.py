@@ -55,7 +55,7 @@ import math
 
 import numpy as np
 
-from mhalib.validation import check_divisible
+from mhalib.validation import check_divisible, check_positive_int
 
 __all__ = ["KEY_BLOCK", "TILE_BYTES", "tile_keys", "exp_neg", "score_tile", "softmax_tile", "value_tile",
            "block_partials", "merge_blocks", "padded_group", "fused_decode", "compile_kernels", "streaming_read",
@@ -494,8 +494,7 @@ def time_passes(rep, d, *, keys=KEY_BLOCK, repeats=200, rounds=5, seed=0):
     import time
 
     for name, value in (("rep", rep), ("d", d), ("keys", keys), ("repeats", repeats), ("rounds", rounds)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"time_passes: {name} must be a positive integer; got {value!r}")
+        check_positive_int(value, name)
     compile_kernels()
     rows = padded_group(rep)
     rng = np.random.default_rng(seed)
@@ -629,8 +628,7 @@ def _check(q, k, v, block):
         raise ValueError(f"k and v must both be (B={b}, g, n >= 1, d={d}); got k {tuple(k.shape)}, "
                          f"v {tuple(v.shape)}")
     check_divisible(h, k.shape[1], "num_heads", "num_kv_heads")
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"block must be a positive integer number of keys; got {block!r}")
+    check_positive_int(block, "block")
 
 
 def fused_decode(q, k, v, *, block=KEY_BLOCK, num_threads=None):

@@ -27,6 +27,8 @@ import math
 
 import numpy as np
 
+from mhalib.validation import check_positive_int
+
 __all__ = ["online_normalizer", "online_softmax", "HBMTraffic", "tiled_attention", "hbm_traffic",
            "split_attention", "merge_partials"]
 
@@ -73,12 +75,6 @@ def _check_qkv(q, k, v):
         raise ValueError(f"q (..., N_q, d), k (..., N_k, d), v (..., N_k, d_v) do not fit: {q.shape}, {k.shape}, {v.shape}")
     dtype = np.result_type(q, k, v, np.float32)
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
-
-
-def _block(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {name}={value!r}")
-    return int(value)
 
 
 class HBMTraffic:
@@ -147,7 +143,7 @@ def tiled_attention(q, k, v, block_q=16, block_k=16, causal=False, *, loop="fa2"
         tile); the full score matrix would be ``N_q * N_k`` entries.
     """
     q, k, v = _check_qkv(q, k, v)
-    block_q, block_k = _block(block_q, "block_q"), _block(block_k, "block_k")
+    block_q, block_k = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {', '.join(map(repr, LOOPS))}; got loop={loop!r}")
     traffic = HBMTraffic() if traffic is None else traffic
@@ -226,9 +222,9 @@ def hbm_traffic(n_q, n_k, d, block_q, block_k, loop, d_v=None):
     Returns:
         ``{"reads": int, "writes": int}``.
     """
-    n_q, n_k, d = _block(n_q, "n_q"), _block(n_k, "n_k"), _block(d, "d")
-    d_v = d if d_v is None else _block(d_v, "d_v")
-    block_q, block_k = _block(block_q, "block_q"), _block(block_k, "block_k")
+    n_q, n_k, d = check_positive_int(n_q, "n_q"), check_positive_int(n_k, "n_k"), check_positive_int(d, "d")
+    d_v = d if d_v is None else check_positive_int(d_v, "d_v")
+    block_q, block_k = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
     t_r, t_c = -(-n_q // block_q), -(-n_k // block_k)
     if loop == "fa2":
         return {"reads": n_q * d + t_r * n_k * (d + d_v), "writes": n_q * (d_v + 1)}
@@ -252,7 +248,7 @@ def split_attention(q, k, v, num_splits):
     """
     q, k, v = _check_qkv(q, k, v)
     n_k = k.shape[-2]
-    num_splits = _block(num_splits, "num_splits")
+    num_splits = check_positive_int(num_splits, "num_splits")
     if num_splits > n_k:
         raise ValueError(f"num_splits must be at most N_k={n_k} (one key per chunk); got num_splits={num_splits}")
     scale = q.dtype.type(1.0 / math.sqrt(q.shape[-1]))  # in q's type: float32 stays float32

@@ -6,7 +6,7 @@ Every message names what was given and what is allowed, so a learner who passes
 
 from __future__ import annotations
 
-__all__ = ["divisors", "check_divisible", "check_mask_shape"]
+__all__ = ["divisors", "check_positive_int", "check_divisible", "check_mask_shape"]
 
 
 def divisors(n):
@@ -15,6 +15,17 @@ def divisors(n):
     if n < 1:
         return []
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_positive_int(value, name):
+    """Return ``value`` as an ``int``; raise ``ValueError`` naming ``name`` unless it is an integer >= 1.
+
+    Python and NumPy integers pass; ``True``, floats and strings do not (``2.0`` is refused
+    rather than silently truncated).
+    """
+    if isinstance(value, bool) or not hasattr(value, "__index__") or value < 1:
+        raise ValueError(f"{name} must be a positive integer; got {name}={value!r}")
+    return int(value)
 
 
 def check_divisible(total, parts, total_name, parts_name):

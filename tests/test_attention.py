@@ -320,3 +320,12 @@ def test_an_unknown_attention_implementation_is_a_clear_error():
 
     with pytest.raises(ValueError, match="attn_implementation must be one of 'auto', 'eager', 'sdpa'; got 'flash'"):
         MultiHeadAttention(32, 4, attn_implementation="flash")
+
+
+def test_check_positive_int_takes_integers_and_names_what_it_refuses():
+    from mhalib.validation import check_positive_int
+
+    assert check_positive_int(3, "n") == 3 and check_positive_int(np.int64(2), "n") == 2
+    for bad in (0, -1, True, 2.0, "3", None):
+        with pytest.raises(ValueError, match=r"n must be a positive integer; got n="):
+            check_positive_int(bad, "n")
